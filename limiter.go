@@ -1,0 +1,531 @@
+// Package redlimit shares rate limits between the instances of a service
+// through Redis. Every decision is one Lua script run with EVALSHA, so each
+// takes one round trip and is atomic on the server.
+//
+// A Client wraps a go-redis client (any redis.Scripter: Client, ClusterClient,
+// Ring, FailoverClient, AutoPipeliner). Its TokenBucket, Funnel, FixedWindow
+// and SlidingWindow methods return Limiters, which all answer the same API,
+// modelled on Redisson's RRateLimiter. A limiter's rate lives in Redis, so one
+// instance can change it (SetRate) and every instance follows on its next call.
+//
+// Being denied is not an error: Allow reports it in its Result and TryAcquire
+// returns false. Errors are sentinels, to be tested with errors.Is.
+package redlimit
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	// ErrNotInitialized: no rate is stored for the limiter and its handle has no default.
+	ErrNotInitialized = errors.New("redlimit: rate not set")
+	// ErrInvalidConfig: a Config outside what the limiters can compute exactly.
+	ErrInvalidConfig = errors.New("redlimit: invalid config")
+	// ErrInvalidPermits: a negative number of permits.
+	ErrInvalidPermits = errors.New("redlimit: invalid permits")
+	// ErrPermitsExceedRate: a request for more permits than the limiter can ever grant at once.
+	ErrPermitsExceedRate = errors.New("redlimit: permits exceed the limit")
+	// ErrInvalidName: an empty limiter name, or one whose braces do not form a Redis Cluster hash tag.
+	ErrInvalidName = errors.New("redlimit: invalid limiter name")
+	// ErrCorruptState: a limiter's key in Redis holds something the scripts did not write.
+	ErrCorruptState = errors.New("redlimit: corrupt state")
+	// ErrAlgorithmMismatch: the name's stored config belongs to another algorithm.
+	ErrAlgorithmMismatch = errors.New("redlimit: limiter holds another algorithm")
+	// ErrUnexpectedReply: Redis answered with a reply the scripts never send.
+	ErrUnexpectedReply = errors.New("redlimit: unexpected reply")
+)
+
+// Client makes limiters that share one Redis connection and options. It is
+// safe for concurrent use.
+type Client struct {
+	rdb         redis.Scripter
+	prefix      string
+	now         func() time.Time // nil: the scripts read Redis TIME
+	clientID    string
+	retryWindow time.Duration
+	sleep       func(ctx context.Context, d time.Duration) error
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithPrefix prepends prefix to every limiter name; default "".
+func WithPrefix(prefix string) Option { return func(c *Client) { c.prefix = prefix } }
+
+// WithClock decides on this clock instead of Redis TIME: for Redis services
+// that reject TIME in scripts, and for tests. Every instance sharing a limiter
+// should then have a synchronised clock.
+func WithClock(now func() time.Time) Option { return func(c *Client) { c.now = now } }
+
+// WithClientID is the identity PerClient limits are kept under; default a
+// random ID per Client. An empty id keeps the default.
+func WithClientID(id string) Option {
+	return func(c *Client) {
+		if id != "" {
+			c.clientID = id
+		}
+	}
+}
+
+// WithRetryWindow is how long Redis remembers a request's ID so that a script
+// the client re-sends (go-redis does after a read timeout, up to MaxRetries
+// times) is not counted twice; default 15s, enough for go-redis's defaults
+// (3s read timeout, 3 retries). It should exceed ReadTimeout × (MaxRetries+1).
+func WithRetryWindow(d time.Duration) Option {
+	return func(c *Client) {
+		if d >= time.Millisecond {
+			c.retryWindow = d
+		}
+	}
+}
+
+// New returns a Client deciding through rdb.
+func New(rdb redis.Scripter, opts ...Option) *Client {
+	c := &Client{rdb: rdb, clientID: randomHex(8), retryWindow: 15 * time.Second, sleep: sleep}
+	for _, opt := range opts {
+		opt(c)
+	}
+	return c
+}
+
+// ClientID returns the identity this Client's PerClient limits are kept under.
+func (c *Client) ClientID() string { return c.clientID }
+
+func (c *Client) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
+}
+
+// algorithm is what a Limiter needs to know of one: its script and the
+// suffixes of the keys holding one client's state.
+type algorithm struct {
+	script *script
+	state  []string
+}
+
+// Limiter is a handle on one named limit in Redis. It holds no state of its
+// own: any number of handles, in any number of processes, share the limit.
+// It is safe for concurrent use.
+type Limiter struct {
+	client     *Client
+	alg        algorithm
+	name       string
+	keys       []string // config, client registry, replay marker, shared state, this client's state
+	requestKey string   // replay markers are requestKey + the request ID in hex
+	defaults   []any    // the default config's script arguments; nil without one
+	dflt       Config
+	err        error
+}
+
+func (c *Client) limiter(name string, alg algorithm) *Limiter {
+	full := c.prefix + name
+	l := &Limiter{client: c, alg: alg, name: full, requestKey: keyOf(full, "request:")}
+	if err := validName(name, full); err != nil {
+		l.err = err
+		return l
+	}
+	l.keys = append(l.keys, full, keyOf(full, "clients"), l.requestKey)
+	l.keys = append(l.keys, l.stateKeys("")...)
+	l.keys = append(l.keys, l.stateKeys(c.clientID)...)
+	return l
+}
+
+// keyOf follows Redisson: {name}:suffix, or name:suffix when name already has
+// a hash tag, so that all of a limiter's keys share one Cluster slot.
+func keyOf(name, suffix string) string {
+	if strings.Contains(name, "{") {
+		return name + ":" + suffix
+	}
+	return "{" + name + "}:" + suffix
+}
+
+func (l *Limiter) stateKeys(clientID string) []string {
+	keys := make([]string, len(l.alg.state))
+	for i, s := range l.alg.state {
+		if clientID != "" {
+			s += ":" + clientID
+		}
+		keys[i] = keyOf(l.name, s)
+	}
+	return keys
+}
+
+func validName(name, full string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidName)
+	}
+	if open := strings.IndexByte(full, '{'); open >= 0 {
+		if close := strings.IndexByte(full[open:], '}'); close <= 1 {
+			return fmt.Errorf("%w: %q: a '{' must open a non-empty hash tag", ErrInvalidName, full)
+		}
+	}
+	return nil
+}
+
+// Name returns the limiter's full name (with the Client's prefix): the key of its config hash.
+func (l *Limiter) Name() string { return l.name }
+
+// WithDefault returns a handle that uses cfg while no config is stored in
+// Redis. It makes no extra round trip and stores nothing; SetRate does.
+func (l *Limiter) WithDefault(cfg Config) *Limiter {
+	d := *l
+	if err := cfg.validate(); err != nil {
+		d.err = errors.Join(d.err, err)
+		return &d
+	}
+	d.dflt, d.defaults = cfg, cfg.args()
+	return &d
+}
+
+// Result is the outcome of one Allow.
+type Result struct {
+	Allowed    bool
+	Limit      int64         // the most permits one request can ever get (Rate; a funnel's Burst)
+	Remaining  int64         // permits that could be granted right now
+	RetryAfter time.Duration // denied: exact wait before this request can succeed; -1 if it never can; 0 if allowed
+	ResetAfter time.Duration // until the limiter is back to full
+}
+
+// TryAcquire makes one attempt to take permits, without waiting.
+// A request for more permits than the limit is ErrPermitsExceedRate.
+func (l *Limiter) TryAcquire(ctx context.Context, permits int64) (bool, error) {
+	r, err := l.allow(ctx, permits)
+	return r.Allowed, err
+}
+
+// Allow makes one attempt to take permits and reports the limiter's state.
+// Zero permits is a peek: it reports the state and writes nothing. A request
+// for more permits than Limit is denied with RetryAfter -1.
+func (l *Limiter) Allow(ctx context.Context, permits int64) (Result, error) {
+	if permits < 0 {
+		return Result{}, fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
+	}
+	reply, err := l.eval(ctx, request{op: "allow", n: permits})
+	if err != nil {
+		return Result{}, err
+	}
+	return parseResult(reply)
+}
+
+// allow is Allow for the methods that treat a request above the limit as an error.
+func (l *Limiter) allow(ctx context.Context, permits int64) (Result, error) {
+	r, err := l.Allow(ctx, permits)
+	if err == nil && !r.Allowed && r.RetryAfter < 0 {
+		err = fmt.Errorf("%w: %d permits, limit %d", ErrPermitsExceedRate, permits, r.Limit)
+	}
+	return r, err
+}
+
+// Acquire takes permits, waiting as long as it takes or until ctx ends. It
+// returns at once, with an error wrapping context.DeadlineExceeded, when the
+// wait would pass ctx's deadline.
+func (l *Limiter) Acquire(ctx context.Context, permits int64) error {
+	for {
+		r, err := l.allow(ctx, permits)
+		if err != nil || r.Allowed {
+			return err
+		}
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < r.RetryAfter {
+			return fmt.Errorf("redlimit: %d permits need a %v wait, past the context deadline: %w",
+				permits, r.RetryAfter, context.DeadlineExceeded)
+		}
+		if err := l.client.sleep(ctx, r.RetryAfter+jitter(r.RetryAfter)); err != nil {
+			return err
+		}
+	}
+}
+
+// TryAcquireWithin takes permits if it can within timeout. It gives up at once
+// when the limiter says the wait would be longer; otherwise it waits and tries
+// again, the last time at the end of timeout.
+func (l *Limiter) TryAcquireWithin(ctx context.Context, permits int64, timeout time.Duration) (bool, error) {
+	deadline := l.client.clock().Add(timeout)
+	for {
+		r, err := l.allow(ctx, permits)
+		if err != nil || r.Allowed {
+			return r.Allowed, err
+		}
+		left := deadline.Sub(l.client.clock())
+		if r.RetryAfter > left {
+			return false, nil
+		}
+		if err := l.client.sleep(ctx, min(r.RetryAfter+jitter(r.RetryAfter), left)); err != nil {
+			return false, err
+		}
+	}
+}
+
+// AvailablePermits returns how many permits could be granted right now. It writes nothing.
+func (l *Limiter) AvailablePermits(ctx context.Context) (int64, error) {
+	r, err := l.Allow(ctx, 0)
+	return r.Remaining, err
+}
+
+// Release gives back up to permits granted earlier and not used, never more
+// than are still counted in the current window.
+func (l *Limiter) Release(ctx context.Context, permits int64) error {
+	if permits < 0 {
+		return fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
+	}
+	if permits == 0 {
+		return nil
+	}
+	_, err := l.eval(ctx, request{op: "release", n: permits})
+	return err
+}
+
+// Config returns the stored config, or the handle's default when none is stored.
+func (l *Limiter) Config(ctx context.Context) (Config, error) {
+	reply, err := l.eval(ctx, request{op: "get"})
+	if err != nil {
+		return Config{}, err
+	}
+	f, ok := reply.([]any)
+	if ok && len(f) == 0 {
+		if l.defaults == nil {
+			return Config{}, fmt.Errorf("%w: %s", ErrNotInitialized, l.name)
+		}
+		return l.dflt, nil
+	}
+	var n [6]int64
+	if !ok || len(f) != len(n) || !integers(f, n[:]) {
+		return Config{}, unexpected(reply)
+	}
+	return Config{
+		Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: RateType(n[2]),
+		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond,
+	}, nil
+}
+
+// TrySetRate stores cfg unless a config is stored already, and reports whether it did.
+func (l *Limiter) TrySetRate(ctx context.Context, cfg Config) (bool, error) {
+	return l.setRate(ctx, "tryset", cfg)
+}
+
+// SetRate stores cfg, replacing any stored config. Usage so far is kept, and
+// counts against the new rate; changing Type clears it.
+func (l *Limiter) SetRate(ctx context.Context, cfg Config) error {
+	_, err := l.setRate(ctx, "set", cfg)
+	return err
+}
+
+func (l *Limiter) setRate(ctx context.Context, op string, cfg Config) (bool, error) {
+	if err := cfg.validate(); err != nil {
+		return false, err
+	}
+	return l.everyClient(ctx, request{op: op, source: "new", config: cfg.args()})
+}
+
+// Reset forgets every client's usage and keeps the config.
+func (l *Limiter) Reset(ctx context.Context) error {
+	_, err := l.everyClient(ctx, request{op: "reset"})
+	return err
+}
+
+// Delete removes every key of the limiter, every client's, and reports whether there were any.
+func (l *Limiter) Delete(ctx context.Context) (bool, error) {
+	return l.everyClient(ctx, request{op: "delete"})
+}
+
+// Expire makes every key of the limiter expire within ttl (keys due to expire
+// sooner keep their expiry), and later grants keep within it too. It reports
+// whether the limiter had any key. A ttl of zero or less deletes the limiter.
+func (l *Limiter) Expire(ctx context.Context, ttl time.Duration) (bool, error) {
+	ms := max(0, (ttl+time.Millisecond-1)/time.Millisecond)
+	return l.everyClient(ctx, request{op: "expire", n: int64(ms)})
+}
+
+// ExpireAt is Expire until at, measured on the Client's clock.
+func (l *Limiter) ExpireAt(ctx context.Context, at time.Time) (bool, error) {
+	return l.Expire(ctx, at.Sub(l.client.clock()))
+}
+
+// ClearExpire removes the config's expiry (state keys keep theirs: they expire
+// once the limiter is full again) and reports whether it had one.
+func (l *Limiter) ClearExpire(ctx context.Context) (bool, error) {
+	reply, err := l.eval(ctx, request{op: "persist"})
+	return reply == int64(1), err
+}
+
+// RemainTimeToLive returns the config's time to live, as go-redis's TTL does:
+// -1 when it does not expire, -2 when the limiter has no key. Without a stored
+// config it is the longest-lived state key's.
+func (l *Limiter) RemainTimeToLive(ctx context.Context) (time.Duration, error) {
+	reply, err := l.eval(ctx, request{op: "ttl"})
+	if err != nil {
+		return 0, err
+	}
+	ms, ok := reply.(int64)
+	switch {
+	case !ok:
+		return 0, unexpected(reply)
+	case ms < 0:
+		return time.Duration(ms), nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// request is one script call.
+type request struct {
+	op      string
+	n       int64    // permits, or milliseconds for expire
+	source  string   // of config: "" the stored one or the handle's default, "new" (set), "fixed" (Throttle)
+	config  []any    // with source "new" or "fixed"
+	clients []string // other clients whose keys the op must reach
+}
+
+// eval runs the limiter's script once: the one road from every method to Redis.
+func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redlimit: %w", err)
+	}
+	c := l.client
+	keys := make([]string, len(l.keys), len(l.keys)+len(req.clients)*len(l.alg.state))
+	copy(keys, l.keys)
+	var id string
+	if (req.op == "allow" && req.n > 0) || req.op == "release" {
+		var raw [16]byte
+		binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
+		binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
+		id = string(raw[:])
+		keys[2] = l.requestKey + hex.EncodeToString(raw[:])
+	}
+	var now any = ""
+	if c.now != nil {
+		now = c.now().UnixMicro()
+	}
+	source, config := req.source, req.config
+	if source == "" && l.defaults != nil {
+		source, config = "default", l.defaults
+	}
+	args := make([]any, 0, 13+len(req.clients))
+	args = append(args, req.op, now, req.n, c.clientID, id, c.retryWindow.Milliseconds(), source)
+	if config == nil {
+		args = append(args, "", "", "", "", "", "")
+	}
+	args = append(args, config...)
+	for _, other := range req.clients {
+		keys = append(keys, l.stateKeys(other)...)
+		args = append(args, other)
+	}
+	return l.alg.script.run(ctx, c.rdb, keys, args...)
+}
+
+// everyClient runs an op that must reach every client's keys. The script
+// checks the list against its registry of clients and names any missing, so
+// the op is sent again with them (clients appear between calls only rarely).
+func (l *Limiter) everyClient(ctx context.Context, req request) (bool, error) {
+	for range 10 {
+		reply, err := l.eval(ctx, req)
+		if err != nil {
+			return false, err
+		}
+		if missing, ok := missingClients(reply); ok {
+			req.clients = append(req.clients, missing...)
+			continue
+		}
+		n, ok := reply.(int64)
+		if !ok {
+			return false, unexpected(reply)
+		}
+		return n == 1, nil
+	}
+	return false, fmt.Errorf("redlimit: %s %s: clients kept appearing", req.op, l.name)
+}
+
+func missingClients(reply any) ([]string, bool) {
+	v, ok := reply.([]any)
+	if !ok || len(v) != 2 || v[0] != "missing" {
+		return nil, false
+	}
+	ids, ok := v[1].([]any)
+	if !ok {
+		return nil, false
+	}
+	missing := make([]string, 0, len(ids))
+	for _, id := range ids {
+		s, ok := id.(string)
+		if !ok {
+			return nil, false
+		}
+		missing = append(missing, s)
+	}
+	return missing, true
+}
+
+func parseResult(reply any) (Result, error) {
+	v, ok := reply.([]any)
+	var n [5]int64
+	if !ok || len(v) != len(n) || !integers(v, n[:]) {
+		return Result{}, unexpected(reply)
+	}
+	return Result{
+		Allowed:    n[0] == 1,
+		Limit:      n[1],
+		Remaining:  n[2],
+		RetryAfter: micros(n[3]),
+		ResetAfter: micros(n[4]),
+	}, nil
+}
+
+// integers copies v into n, reporting whether every element was an integer.
+func integers(v []any, n []int64) bool {
+	for i := range n {
+		x, ok := v[i].(int64)
+		if !ok {
+			return false
+		}
+		n[i] = x
+	}
+	return true
+}
+
+func micros(us int64) time.Duration {
+	if us < 0 {
+		return -1
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+func unexpected(reply any) error {
+	return fmt.Errorf("%w: %T %v", ErrUnexpectedReply, reply, reply)
+}
+
+// jitter spreads the retries of callers denied together over a tenth of
+// their wait (at most 10ms), so they do not all come back at once.
+func jitter(d time.Duration) time.Duration {
+	return rand.N(min(d/10, 10*time.Millisecond) + 1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("redlimit: %w", ctx.Err())
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rand.Uint32())
+	}
+	return hex.EncodeToString(b)
+}

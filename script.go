@@ -1,0 +1,88 @@
+package redlimit
+
+import (
+	"context"
+	"crypto/sha1"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed scripts/*.lua
+var scriptFiles embed.FS
+
+// script is one algorithm's Lua: scripts/common.lua followed by the
+// algorithm's own file. It is the only place that talks to Redis.
+type script struct {
+	name string
+	src  string
+	sha  string
+}
+
+func newScript(file string) *script {
+	read := func(name string) string {
+		b, err := scriptFiles.ReadFile("scripts/" + name)
+		if err != nil {
+			panic(err) // embedded at build time: cannot happen
+		}
+		return string(b)
+	}
+	src := read("common.lua") + "\n" + read(file)
+	sum := sha1.Sum([]byte(src))
+	return &script{name: strings.TrimSuffix(file, ".lua"), src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// run executes the script with EVALSHA. A server without it (restarted, failed
+// over, SCRIPT FLUSH, a new Cluster node: the script cache is neither persisted
+// nor replicated) answers NOSCRIPT; run then loads it with SCRIPT LOAD and
+// tries once more.
+func (s *script) run(ctx context.Context, rdb redis.Scripter, keys []string, args ...any) (any, error) {
+	reply, err := rdb.EvalSha(ctx, s.sha, keys, args...).Result()
+	if isNoScript(err) {
+		if err := s.load(ctx, rdb); err != nil {
+			return nil, fmt.Errorf("redlimit: loading script %s: %w", s.name, err)
+		}
+		reply, err = rdb.EvalSha(ctx, s.sha, keys, args...).Result()
+	}
+	if err != nil {
+		return nil, scriptError(err)
+	}
+	return reply, nil
+}
+
+// load sends SCRIPT LOAD. ClusterClient sends it to every shard itself; a Ring
+// sends it to one, so each shard gets its own.
+func (s *script) load(ctx context.Context, rdb redis.Scripter) error {
+	if ring, ok := rdb.(*redis.Ring); ok {
+		return ring.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+			return shard.ScriptLoad(ctx, s.src).Err()
+		})
+	}
+	return rdb.ScriptLoad(ctx, s.src).Err()
+}
+
+func isNoScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// scriptError turns the scripts' "REDLIMIT <kind> <detail>" replies into
+// sentinel errors; any other error (network, server) is wrapped as it is.
+func scriptError(err error) error {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) || !strings.HasPrefix(rerr.Error(), "REDLIMIT ") {
+		return fmt.Errorf("redlimit: %w", err)
+	}
+	detail := strings.TrimPrefix(rerr.Error(), "REDLIMIT ")
+	sentinel := ErrCorruptState
+	switch kind, _, _ := strings.Cut(detail, " "); kind {
+	case "not":
+		sentinel = ErrNotInitialized
+	case "algorithm":
+		sentinel = ErrAlgorithmMismatch
+	}
+	return fmt.Errorf("%w: %s", sentinel, detail)
+}

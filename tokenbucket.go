@@ -1,0 +1,14 @@
+package redlimit
+
+// TokenBucket returns the limiter called name (after the Client's prefix) as
+// Redisson's RRateLimiter keeps it: a log of grants, each given back exactly
+// Interval after it was made. At most Rate permits are granted in any span of
+// Interval; a full bucket grants all of them at once. Redis memory grows with
+// the grants of the last Interval (one zset record each).
+//
+// Its keys are byte-compatible with Redisson 3.21+ (the NAME hash, the
+// {NAME}:value string and the {NAME}:permits zset), so Java services on
+// Redisson and Go services on redlimit can share one limiter.
+func (c *Client) TokenBucket(name string) *Limiter { return c.limiter(name, tokenBucket) }
+
+var tokenBucket = algorithm{script: newScript("tokenbucket.lua"), state: []string{"value", "permits"}}
