@@ -1,5 +1,11 @@
 package redlimit
 
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
 // Funnel returns the limiter called name (after the Client's prefix) as a
 // leaky bucket computed with GCRA, as redis-cell's CL.THROTTLE does: Burst
 // permits (0: Rate) fit in the funnel, which drains Rate permits per Interval,
@@ -8,3 +14,49 @@ package redlimit
 func (c *Client) Funnel(name string) *Limiter { return c.limiter(name, funnel) }
 
 var funnel = algorithm{script: newScript("funnel.lua"), state: []string{"tat"}}
+
+// ThrottleResult holds CL.THROTTLE's five reply values.
+type ThrottleResult struct {
+	Limited    bool
+	Limit      int64 // maxBurst + 1
+	Remaining  int64
+	RetryAfter int64 // whole seconds as CL.THROTTLE rounds them; -1 when allowed or when it can never succeed
+	ResetAfter int64 // whole seconds until the funnel is empty
+}
+
+// Throttle answers as redis-cell's `CL.THROTTLE key maxBurst count period
+// quantity` does, without the module (managed Redis services do not allow
+// modules): count permits per period, bursts of maxBurst + 1. Quantity 0
+// reports the state; unlike redis-cell, it writes nothing. The rate comes from
+// the arguments only, never from a config stored under key.
+func (c *Client) Throttle(ctx context.Context, key string, maxBurst, count int64, period time.Duration, quantity int64) (ThrottleResult, error) {
+	if quantity < 0 {
+		return ThrottleResult{}, fmt.Errorf("%w: %d", ErrInvalidPermits, quantity)
+	}
+	if maxBurst < 0 {
+		return ThrottleResult{}, fmt.Errorf("%w: max burst %d is negative", ErrInvalidConfig, maxBurst)
+	}
+	cfg := Config{Rate: count, Interval: period, Burst: maxBurst + 1}
+	if err := cfg.validate(); err != nil {
+		return ThrottleResult{}, err
+	}
+	r, err := c.Funnel(key).decide(ctx, request{op: "allow", n: quantity, source: "fixed", config: cfg.args()})
+	if err != nil {
+		return ThrottleResult{}, err
+	}
+	retry := int64(-1)
+	if !r.Allowed && r.RetryAfter >= 0 {
+		retry = clSeconds(r.RetryAfter)
+	}
+	return ThrottleResult{Limited: !r.Allowed, Limit: r.Limit, Remaining: r.Remaining, RetryAfter: retry, ResetAfter: clSeconds(r.ResetAfter)}, nil
+}
+
+// clSeconds rounds as redis-cell does: whole seconds, plus one when the
+// millisecond part is not zero.
+func clSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if (d%time.Second)/time.Millisecond != 0 {
+		s++
+	}
+	return s
+}

@@ -52,6 +52,7 @@ type Client struct {
 	now         func() time.Time // nil: the scripts read Redis TIME
 	clientID    string
 	retryWindow time.Duration
+	observe     func(Decision)
 	sleep       func(ctx context.Context, d time.Duration) error
 }
 
@@ -87,6 +88,21 @@ func WithRetryWindow(d time.Duration) Option {
 		}
 	}
 }
+
+// Decision is what an observer learns of one Allow (and so of every
+// TryAcquire, Acquire attempt and AvailablePermits) or Throttle.
+type Decision struct {
+	Limiter   string // full name, with the prefix
+	Algorithm string // tokenbucket, funnel, fixed_window or sliding_window
+	Permits   int64
+	Result    Result
+	Err       error
+	Latency   time.Duration // of the round trip
+}
+
+// WithObserver calls observe after every decision, on the caller's goroutine:
+// it must be quick and safe for concurrent use. For metrics and tracing.
+func WithObserver(observe func(Decision)) Option { return func(c *Client) { c.observe = observe } }
 
 // New returns a Client deciding through rdb.
 func New(rdb redis.Scripter, opts ...Option) *Client {
@@ -211,11 +227,21 @@ func (l *Limiter) Allow(ctx context.Context, permits int64) (Result, error) {
 	if permits < 0 {
 		return Result{}, fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
 	}
-	reply, err := l.eval(ctx, request{op: "allow", n: permits})
-	if err != nil {
-		return Result{}, err
+	return l.decide(ctx, request{op: "allow", n: permits})
+}
+
+// decide runs an allow request and tells the observer.
+func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
+	start := time.Now()
+	reply, err := l.eval(ctx, req)
+	var r Result
+	if err == nil {
+		r, err = parseResult(reply)
 	}
-	return parseResult(reply)
+	if l.client.observe != nil {
+		l.client.observe(Decision{Limiter: l.name, Algorithm: l.alg.script.name, Permits: req.n, Result: r, Err: err, Latency: time.Since(start)})
+	}
+	return r, err
 }
 
 // allow is Allow for the methods that treat a request above the limit as an error.
