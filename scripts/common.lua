@@ -21,8 +21,10 @@
 
 local N -- state keys per client, set by run
 
+-- fail aborts the script with a clean error reply (see run). A plain string at
+-- level 0: Redis 7 turns error tables caught by pcall into strings anyway.
 local function fail(why)
-  error({ err = 'REDLIMIT ' .. why })
+  error('REDLIMIT ' .. why, 0)
 end
 
 -- call runs a command on key and turns a type error into a clear one naming the key.
@@ -303,8 +305,8 @@ local function run(algorithm)
     return algorithm.allow(cfg, keys, permits)
   end)
   if not ok then
-    if type(reply) == 'table' and reply.err then
-      return redis.error_reply(reply.err)
+    if type(reply) == 'string' and string.sub(reply, 1, 9) == 'REDLIMIT ' then
+      return redis.error_reply(reply)
     end
     error(reply)
   end

@@ -1,0 +1,748 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// epoch is where every controlled clock starts: a whole minute, so windows of
+// a second, ten seconds or a minute all begin there.
+var epoch = time.Unix(1_700_000_040, 0)
+
+// clock is a controlled clock. Limiters built by newClient decide on it, and
+// their waits (Acquire, TryAcquireWithin) advance it instead of sleeping.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// Set moves the clock to epoch + d.
+func (c *clock) Set(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = epoch.Add(d)
+}
+
+func newClock() *clock { return &clock{now: epoch} }
+
+func newClient(rdb redis.Scripter, clk *clock, opts ...Option) *Client {
+	c := New(rdb, append([]Option{WithClock(clk.Now)}, opts...)...)
+	c.sleep = func(ctx context.Context, d time.Duration) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		clk.Add(d)
+		return nil
+	}
+	return c
+}
+
+// eachBackend runs f on a fresh miniredis and on the test process's real
+// redis-server (skipped without one unless REDLIMIT_REQUIRE_REDIS=1).
+func eachBackend(t *testing.T, f func(t *testing.T, rdb *redis.Client)) {
+	t.Run("miniredis", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { rdb.Close() })
+		f(t, rdb)
+	})
+	t.Run("redis", func(t *testing.T) {
+		f(t, redistest.Shared(t).Client(t))
+	})
+}
+
+type algo struct {
+	name string
+	new  func(c *Client, name string) *Limiter
+}
+
+var algorithms = []algo{
+	{"tokenbucket", (*Client).TokenBucket},
+	{"funnel", (*Client).Funnel},
+	{"fixed_window", (*Client).FixedWindow},
+	{"sliding_window", (*Client).SlidingWindow},
+}
+
+// eachAlgorithm runs f for every algorithm on every backend.
+func eachAlgorithm(t *testing.T, f func(t *testing.T, rdb *redis.Client, a algo)) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		for _, a := range algorithms {
+			t.Run(a.name, func(t *testing.T) { f(t, rdb, a) })
+		}
+	})
+}
+
+// uniqueName gives each test its own limiter names on a shared server.
+func uniqueName(t *testing.T) string {
+	return fmt.Sprintf("%s-%x", t.Name(), rand.Uint32())
+}
+
+// limiterKeys lists the keys in Redis that hold the limiter called name's
+// config and state. Replay markers are left out: they expire on their own
+// within the retry window (WithRetryWindow).
+func limiterKeys(t *testing.T, rdb *redis.Client, name string) []string {
+	t.Helper()
+	keys, err := rdb.Keys(context.Background(), "*"+escapeGlob(name)+"*").Result()
+	require.NoError(t, err)
+	keys = slices.DeleteFunc(keys, func(k string) bool { return strings.Contains(k, ":request:") })
+	sort.Strings(keys)
+	return keys
+}
+
+func escapeGlob(s string) string {
+	r := strings.NewReplacer(`*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`, `\`, `\\`)
+	return r.Replace(s)
+}
+
+// snapshot captures the limiter's keys byte for byte, to prove an operation
+// changed nothing.
+func snapshot(t *testing.T, rdb *redis.Client, name string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	for _, k := range limiterKeys(t, rdb, name) {
+		typ := rdb.Type(ctx, k).Val()
+		var v any
+		switch typ {
+		case "string":
+			v = rdb.Get(ctx, k).Val()
+		case "hash":
+			v = rdb.HGetAll(ctx, k).Val()
+		case "zset":
+			v = rdb.ZRangeWithScores(ctx, k, 0, -1).Val()
+		default:
+			v = typ
+		}
+		out[k] = fmt.Sprintf("%s %v ttl>0:%v", typ, v, rdb.PTTL(ctx, k).Val() > 0)
+	}
+	return out
+}
+
+type step struct {
+	at        time.Duration // clock position, from epoch
+	permits   int64
+	allowed   bool
+	remaining int64
+	retry     time.Duration
+	reset     time.Duration
+}
+
+// run plays steps against l on clk, asserting every field of every Result.
+func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
+	t.Helper()
+	for i, s := range steps {
+		clk.Set(s.at)
+		r, err := l.Allow(context.Background(), s.permits)
+		require.NoError(t, err, "step %d", i)
+		assert.Equal(t, step{s.at, s.permits, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter}, s, "step %d at %v", i, s.at)
+	}
+}
+
+// --- The suite every algorithm passes, on every backend. ---
+
+var tenPer10s = Per(10, 10*time.Second)
+
+func TestConfigPrecedence(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		c := newClient(rdb, newClock())
+		l := a.new(c, name)
+
+		_, err := l.Allow(ctx, 1)
+		assert.ErrorIs(t, err, ErrNotInitialized)
+		_, err = l.Config(ctx)
+		assert.ErrorIs(t, err, ErrNotInitialized)
+		assert.Empty(t, limiterKeys(t, rdb, name), "a failed call writes nothing")
+
+		withDefault := l.WithDefault(Per(2, time.Minute))
+		cfg, err := withDefault.Config(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, Per(2, time.Minute), cfg)
+		r, err := withDefault.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), r.Limit)
+		assert.Equal(t, int64(1), r.Remaining)
+		assert.Zero(t, rdb.Exists(ctx, name).Val(), "a default is never stored")
+
+		ok, err := l.TrySetRate(ctx, tenPer10s)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		ok, err = l.TrySetRate(ctx, Per(99, time.Second))
+		require.NoError(t, err)
+		assert.False(t, ok, "TrySetRate twice keeps the first")
+		for _, h := range []*Limiter{l, withDefault} {
+			cfg, err = h.Config(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, tenPer10s, cfg, "the stored config wins over the default")
+		}
+		r, err = withDefault.Allow(ctx, 0)
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), r.Limit)
+	})
+}
+
+func TestConfigRoundTrip(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		l := a.new(newClient(rdb, newClock()), uniqueName(t))
+		want := Config{Type: PerClient, Rate: 7, Interval: 3 * time.Second, Burst: 9, Buckets: 3, KeepAlive: time.Hour}
+		require.NoError(t, l.SetRate(ctx, want))
+		got, err := l.Config(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+	})
+}
+
+func TestPeekWritesNothing(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		clk := newClock()
+		l := a.new(newClient(rdb, clk), name).WithDefault(tenPer10s)
+		r, err := l.Allow(ctx, 0)
+		require.NoError(t, err)
+		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 10}, r)
+		assert.Empty(t, limiterKeys(t, rdb, name))
+
+		_, err = l.Allow(ctx, 4)
+		require.NoError(t, err)
+		clk.Add(time.Second)
+		before := snapshot(t, rdb, name)
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]int64{"tokenbucket": 6, "funnel": 7, "fixed_window": 6, "sliding_window": 6}[a.name], n)
+		assert.Equal(t, before, snapshot(t, rdb, name), "a peek changes no key, value or expiry")
+	})
+}
+
+func TestPermitsAboveLimit(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		l := a.new(newClient(rdb, newClock()), name).WithDefault(tenPer10s)
+		r, err := l.Allow(ctx, 11)
+		require.NoError(t, err)
+		assert.False(t, r.Allowed)
+		assert.Equal(t, time.Duration(-1), r.RetryAfter)
+		assert.Equal(t, int64(10), r.Remaining)
+		_, err = l.TryAcquire(ctx, 11)
+		assert.ErrorIs(t, err, ErrPermitsExceedRate)
+		assert.ErrorIs(t, l.Acquire(ctx, 11), ErrPermitsExceedRate, "Acquire never blocks forever")
+		_, err = l.TryAcquireWithin(ctx, 11, time.Hour)
+		assert.ErrorIs(t, err, ErrPermitsExceedRate)
+		assert.Empty(t, limiterKeys(t, rdb, name))
+	})
+}
+
+func TestBadInputLeavesStateUntouched(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		l := a.new(newClient(rdb, newClock()), name)
+		require.NoError(t, l.SetRate(ctx, tenPer10s))
+		_, err := l.Allow(ctx, 3)
+		require.NoError(t, err)
+		before := snapshot(t, rdb, name)
+
+		_, err = l.Allow(ctx, -1)
+		assert.ErrorIs(t, err, ErrInvalidPermits)
+		_, err = l.TryAcquire(ctx, -5)
+		assert.ErrorIs(t, err, ErrInvalidPermits)
+		assert.ErrorIs(t, l.Acquire(ctx, -1), ErrInvalidPermits)
+		assert.ErrorIs(t, l.Release(ctx, -1), ErrInvalidPermits)
+		for _, cfg := range []Config{
+			{Rate: 0, Interval: time.Second},
+			{Rate: -1, Interval: time.Second},
+			{Rate: 1, Interval: 0},
+			{Rate: 1, Interval: time.Microsecond},
+			{Rate: 1, Interval: 1500 * time.Microsecond},
+			{Rate: 10, Interval: time.Second, KeepAlive: time.Millisecond},
+			{Rate: 10, Interval: time.Second, Type: 7},
+			{Rate: 10, Interval: time.Second, Buckets: 1001},
+			{Rate: 10, Interval: time.Second, Burst: -1},
+			{Rate: 2_000_000, Interval: time.Second},
+		} {
+			assert.ErrorIs(t, l.SetRate(ctx, cfg), ErrInvalidConfig, "%+v", cfg)
+			_, err := l.TrySetRate(ctx, cfg)
+			assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+		}
+		_, err = l.WithDefault(Config{}).Allow(ctx, 1)
+		assert.ErrorIs(t, err, ErrInvalidConfig)
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err = l.Allow(cancelled, 1)
+		assert.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, before, snapshot(t, rdb, name))
+
+		for _, bad := range []string{"", "a{b", "a{}b", "}{"} {
+			_, err := a.new(newClient(rdb, newClock()), bad).WithDefault(tenPer10s).Allow(ctx, 1)
+			assert.ErrorIs(t, err, ErrInvalidName, "%q", bad)
+		}
+	})
+}
+
+func TestRelease(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		l := a.new(newClient(rdb, newClock()), uniqueName(t)).WithDefault(tenPer10s)
+		_, err := l.Allow(ctx, 10)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx, 4))
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), n)
+		require.NoError(t, l.Release(ctx, 100))
+		n, err = l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), n, "release is capped at the limit")
+		require.NoError(t, l.Release(ctx, 0))
+	})
+}
+
+func TestResetKeepsConfig(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		l := a.new(newClient(rdb, newClock()), uniqueName(t))
+		require.NoError(t, l.SetRate(ctx, tenPer10s))
+		_, err := l.Allow(ctx, 8)
+		require.NoError(t, err)
+		require.NoError(t, l.Reset(ctx))
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), n)
+		cfg, err := l.Config(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, tenPer10s, cfg)
+	})
+}
+
+func TestSetRateKeepsUsage(t *testing.T) {
+	// After 6 of 10 permits, the rate changes. Window counters and the token
+	// bucket keep the 6 permits; the funnel keeps the time they fill (6s of 10s).
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		l := a.new(newClient(rdb, newClock()), uniqueName(t))
+		require.NoError(t, l.SetRate(ctx, tenPer10s))
+		_, err := l.Allow(ctx, 6)
+		require.NoError(t, err)
+		for _, c := range []struct {
+			cfg  Config
+			want map[string]int64
+		}{
+			{Per(20, 10*time.Second), map[string]int64{"tokenbucket": 14, "funnel": 8, "fixed_window": 14, "sliding_window": 14}},
+			{Per(5, 10*time.Second), map[string]int64{"tokenbucket": 0, "funnel": 2, "fixed_window": 0, "sliding_window": 0}},
+			{Per(10, 10*time.Second), map[string]int64{"tokenbucket": 4, "funnel": 4, "fixed_window": 4, "sliding_window": 4}},
+		} {
+			require.NoError(t, l.SetRate(ctx, c.cfg))
+			n, err := l.AvailablePermits(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, c.want[a.name], n, "after SetRate(%v)", c.cfg)
+		}
+		// SetRate on every request (Redisson #5487) still limits.
+		for range 10 {
+			require.NoError(t, l.SetRate(ctx, tenPer10s))
+			_, _ = l.Allow(ctx, 1)
+		}
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, n)
+	})
+}
+
+func TestTypeChangeClearsUsage(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		clk := newClock()
+		x, y := a.new(newClient(rdb, clk), name), a.new(newClient(rdb, clk), name)
+		perClient := tenPer10s
+		perClient.Type = PerClient
+		require.NoError(t, x.SetRate(ctx, perClient))
+		for _, l := range []*Limiter{x, y} {
+			_, err := l.Allow(ctx, 7)
+			require.NoError(t, err)
+		}
+		require.NoError(t, y.SetRate(ctx, tenPer10s))
+		for _, l := range []*Limiter{x, y} {
+			n, err := l.AvailablePermits(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, int64(10), n)
+		}
+		assert.Equal(t, []string{name}, limiterKeys(t, rdb, name), "every client's keys are gone")
+	})
+}
+
+func TestPerClient(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		clk := newClock()
+		cfg := Config{Type: PerClient, Rate: 2, Interval: time.Minute}
+		x := a.new(newClient(rdb, clk, WithClientID("x")), name)
+		y := a.new(newClient(rdb, clk, WithClientID("y")), name)
+		require.NoError(t, x.SetRate(ctx, cfg))
+		for _, l := range []*Limiter{x, y} {
+			for i, want := range []bool{true, true, false} {
+				ok, err := l.TryAcquire(ctx, 1)
+				require.NoError(t, err)
+				assert.Equal(t, want, ok, "attempt %d", i)
+			}
+		}
+		require.NoError(t, x.Reset(ctx))
+		for _, l := range []*Limiter{x, y} {
+			n, err := l.AvailablePermits(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), n, "Reset clears every client")
+		}
+		for _, l := range []*Limiter{x, y} {
+			_, err := l.Allow(ctx, 1)
+			require.NoError(t, err)
+		}
+		ok, err := y.Expire(ctx, 5*time.Second)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		keys := limiterKeys(t, rdb, name)
+		assert.Greater(t, len(keys), 2)
+		for _, k := range keys {
+			ttl := rdb.PTTL(ctx, k).Val()
+			assert.True(t, ttl > 0 && ttl <= 5*time.Second, "%s ttl %v", k, ttl)
+		}
+		ok, err = y.Delete(ctx)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Empty(t, limiterKeys(t, rdb, name), "Delete removes every client's keys")
+		ok, err = x.Delete(ctx)
+		require.NoError(t, err)
+		assert.False(t, ok)
+	})
+}
+
+func TestExpireFamily(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		clk := newClock()
+		l := a.new(newClient(rdb, clk), name)
+
+		ttl, err := l.RemainTimeToLive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, time.Duration(-2), ttl, "no key")
+		ok, err := l.Expire(ctx, time.Minute)
+		require.NoError(t, err)
+		assert.False(t, ok)
+
+		require.NoError(t, l.SetRate(ctx, Per(10, time.Hour)))
+		ttl, err = l.RemainTimeToLive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, time.Duration(-1), ttl, "the config persists")
+		_, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+
+		ok, err = l.Expire(ctx, 30*time.Second)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		ttl, err = l.RemainTimeToLive(ctx)
+		require.NoError(t, err)
+		assert.True(t, ttl > 29*time.Second && ttl <= 30*time.Second, "ttl %v", ttl)
+		_, err = l.Allow(ctx, 1) // later grants keep within the config's expiry
+		require.NoError(t, err)
+		for _, k := range limiterKeys(t, rdb, name) {
+			ttl := rdb.PTTL(ctx, k).Val()
+			assert.True(t, ttl > 0 && ttl <= 30*time.Second, "%s ttl %v", k, ttl)
+		}
+
+		ok, err = l.ClearExpire(ctx)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		ttl, err = l.RemainTimeToLive(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, time.Duration(-1), ttl)
+		ok, err = l.ClearExpire(ctx)
+		require.NoError(t, err)
+		assert.False(t, ok)
+
+		ok, err = l.ExpireAt(ctx, clk.Now().Add(20*time.Second))
+		require.NoError(t, err)
+		assert.True(t, ok)
+		ttl, err = l.RemainTimeToLive(ctx)
+		require.NoError(t, err)
+		assert.True(t, ttl > 19*time.Second && ttl <= 20*time.Second, "ttl %v", ttl)
+
+		ok, err = l.Expire(ctx, 0)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Empty(t, limiterKeys(t, rdb, name), "a zero ttl deletes")
+	})
+}
+
+func TestKeepAlive(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		l := a.new(newClient(rdb, newClock()), name)
+		require.NoError(t, l.SetRate(ctx, Config{Rate: 10, Interval: time.Second, KeepAlive: time.Minute}))
+		ttl := rdb.PTTL(ctx, name).Val()
+		assert.True(t, ttl > 59*time.Second && ttl <= time.Minute, "ttl %v", ttl)
+		require.NoError(t, rdb.PExpire(ctx, name, 30*time.Second).Err())
+		_, err := l.Allow(ctx, 1)
+		require.NoError(t, err)
+		ttl = rdb.PTTL(ctx, name).Val()
+		assert.True(t, ttl > 59*time.Second, "an acquire refreshes the keep-alive: %v", ttl)
+	})
+}
+
+func TestDelete(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		l := a.new(newClient(rdb, newClock()), name)
+		require.NoError(t, l.SetRate(ctx, tenPer10s))
+		_, err := l.Allow(ctx, 2)
+		require.NoError(t, err)
+		ok, err := l.Delete(ctx)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Empty(t, limiterKeys(t, rdb, name))
+		ok, err = l.Delete(ctx)
+		require.NoError(t, err)
+		assert.False(t, ok)
+		_, err = l.Allow(ctx, 1)
+		assert.ErrorIs(t, err, ErrNotInitialized)
+	})
+}
+
+// Every key a limiter writes expires, and is gone once the limiter is full again.
+func TestEveryKeyExpires(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		clk := newClock()
+		cfg := Config{Type: PerClient, Rate: 5, Interval: 10 * time.Second}
+		l := a.new(newClient(rdb, clk, WithClientID("c1")), name).WithDefault(cfg)
+		for range 3 {
+			_, err := l.Allow(ctx, 2)
+			require.NoError(t, err)
+			clk.Add(time.Second)
+		}
+		require.NoError(t, l.Release(ctx, 1))
+		for _, k := range limiterKeys(t, rdb, name) {
+			ttl := rdb.PTTL(ctx, k).Val()
+			assert.True(t, ttl > 0 && ttl <= 10*time.Second, "%s ttl %v", k, ttl)
+		}
+	})
+}
+
+func TestCorruptState(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		hset := func(name string, fields ...any) {
+			if a.name != "tokenbucket" {
+				fields = append(fields, "algorithm", a.name)
+			}
+			rdb.HSet(ctx, name, fields...)
+		}
+		for _, c := range []struct {
+			what    string
+			corrupt func(name string, l *Limiter)
+			want    error
+		}{
+			{"config of the wrong type", func(name string, _ *Limiter) { rdb.Set(ctx, name, "x", 0) }, ErrCorruptState},
+			{"non-numeric rate", func(name string, _ *Limiter) { hset(name, "rate", "ten", "interval", "1000") }, ErrCorruptState},
+			{"fractional interval", func(name string, _ *Limiter) { hset(name, "rate", "10", "interval", "1.5") }, ErrCorruptState},
+			{"missing interval", func(name string, _ *Limiter) { hset(name, "rate", "10") }, ErrCorruptState},
+			{"unknown type", func(name string, _ *Limiter) { hset(name, "rate", "10", "interval", "1000", "type", "3") }, ErrCorruptState},
+			{"state of the wrong type", func(_ string, l *Limiter) {
+				for _, k := range l.keys[3 : 3+len(l.alg.state)] {
+					rdb.SAdd(ctx, k, "x")
+				}
+			}, ErrCorruptState},
+			{"garbage state", func(_ string, l *Limiter) { rdb.Set(ctx, l.keys[3], "garbage", 0) }, ErrCorruptState},
+		} {
+			name := uniqueName(t)
+			l := a.new(newClient(rdb, newClock()), name).WithDefault(tenPer10s)
+			c.corrupt(name, l)
+			before := snapshot(t, rdb, name)
+			_, err := l.Allow(ctx, 1)
+			assert.ErrorIs(t, err, c.want, c.what)
+			if err != nil {
+				assert.Contains(t, err.Error(), name, "%s: the error names the key", c.what)
+				assert.NotContains(t, err.Error(), "user_script", "%s: no Lua trace", c.what)
+			}
+			_, err = l.Allow(ctx, 0)
+			assert.ErrorIs(t, err, c.want, c.what)
+			assert.Equal(t, before, snapshot(t, rdb, name), c.what)
+		}
+	})
+}
+
+func TestAlgorithmMismatch(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		c := newClient(rdb, newClock())
+		require.NoError(t, c.Funnel(name).SetRate(ctx, tenPer10s))
+		_, err := c.TokenBucket(name).Allow(ctx, 1)
+		assert.ErrorIs(t, err, ErrAlgorithmMismatch)
+		_, err = c.SlidingWindow(name).Config(ctx)
+		assert.ErrorIs(t, err, ErrAlgorithmMismatch)
+	})
+}
+
+// dupHook sends every EVALSHA twice, as go-redis does when it re-sends a
+// script after a read timeout: the script runs twice on the server.
+type dupHook struct{ sent *int }
+
+func (dupHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h dupHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			*h.sent++
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (dupHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestResentScriptCountsOnce(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		dup := redis.NewClient(rdb.Options())
+		t.Cleanup(func() { dup.Close() })
+		sent := 0
+		dup.AddHook(dupHook{&sent})
+		clk := newClock()
+		l := a.new(newClient(dup, clk), name).WithDefault(tenPer10s)
+		for i := range 10 {
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			assert.True(t, ok, "grant %d", i)
+		}
+		ok, err := l.TryAcquire(ctx, 1)
+		require.NoError(t, err)
+		assert.False(t, ok, "the 11th is denied: each grant was counted once")
+		assert.Positive(t, sent)
+
+		require.NoError(t, l.Release(ctx, 3))
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), n, "a re-sent release gives back once")
+	})
+}
+
+func TestTimeFromRedis(t *testing.T) {
+	// Without WithClock the scripts read Redis TIME.
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		l := a.new(New(rdb), uniqueName(t)).WithDefault(Per(3, time.Hour))
+		for i, want := range []bool{true, true, true, false} {
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			assert.Equal(t, want, ok, "attempt %d", i)
+		}
+		r, err := l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.True(t, r.RetryAfter > 0 && r.RetryAfter <= time.Hour, "retry %v", r.RetryAfter)
+	})
+}
+
+func TestAcquireWaits(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		clk := newClock()
+		l := a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(tenPer10s)
+		_, err := l.Allow(ctx, 10)
+		require.NoError(t, err)
+		require.NoError(t, l.Acquire(ctx, 1))
+		waited := clk.Now().Sub(epoch)
+		want := map[string]time.Duration{"tokenbucket": 10 * time.Second, "funnel": time.Second, "fixed_window": 10 * time.Second, "sliding_window": 10 * time.Second}[a.name]
+		assert.True(t, waited >= want && waited <= want+want/10+time.Millisecond, "waited %v, want %v plus jitter", waited, want)
+
+		deadline, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err = l.Allow(ctx, 9)
+		require.NoError(t, err)
+		err = l.Acquire(deadline, 10)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, "refused at once: the wait passes the deadline")
+	})
+}
+
+func TestTryAcquireWithin(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+		ctx := context.Background()
+		clk := newClock()
+		l := a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(Per(1, 10*time.Second))
+		ok, err := l.TryAcquireWithin(ctx, 1, 0)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		ok, err = l.TryAcquireWithin(ctx, 1, 0)
+		require.NoError(t, err)
+		assert.False(t, ok, "zero timeout: one attempt")
+		ok, err = l.TryAcquireWithin(ctx, 1, 9*time.Second)
+		require.NoError(t, err)
+		assert.False(t, ok, "the wait is longer than the timeout")
+		assert.Equal(t, epoch, clk.Now(), "and it gave up without waiting")
+		ok, err = l.TryAcquireWithin(ctx, 1, 10*time.Second)
+		require.NoError(t, err)
+		assert.True(t, ok, "waits exactly RetryAfter and makes a last attempt")
+		assert.Equal(t, 10*time.Second, clk.Now().Sub(epoch))
+	})
+}
+
+func TestReplyShapes(t *testing.T) {
+	for _, reply := range []any{nil, "x", int64(1), []any{}, []any{int64(1)}, []any{int64(1), int64(2), int64(3), int64(4), "5"}, []any{1.5, int64(2), int64(3), int64(4), int64(5)}} {
+		_, err := parseResult(reply)
+		assert.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
+	}
+	r, err := parseResult([]any{int64(0), int64(10), int64(3), int64(-1), int64(1500)})
+	require.NoError(t, err)
+	assert.Equal(t, Result{Limit: 10, Remaining: 3, RetryAfter: -1, ResetAfter: 1500 * time.Microsecond}, r)
+	for _, reply := range []any{[]any{"missing"}, []any{"missing", "x"}, []any{"missing", []any{int64(1)}}} {
+		_, ok := missingClients(reply)
+		assert.False(t, ok, "%#v", reply)
+	}
+}
+
+func TestErrorsWrapCause(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	_, err := New(rdb).TokenBucket("x").WithDefault(tenPer10s).Allow(context.Background(), 1)
+	require.Error(t, err)
+	var op interface{ Timeout() bool }
+	assert.True(t, errors.As(err, &op) || strings.Contains(err.Error(), "connection refused"), "%v", err)
+}
