@@ -163,7 +163,7 @@ func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
 		clk.Set(s.at)
 		r, err := l.Allow(context.Background(), s.permits)
 		require.NoError(t, err, "step %d", i)
-		assert.Equal(t, step{s.at, s.permits, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter}, s, "step %d at %v", i, s.at)
+		assert.Equal(t, s, step{s.at, s.permits, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter}, "step %d at %v", i, s.at)
 	}
 }
 

@@ -67,7 +67,9 @@ local function save(cfg, keys, value)
   return reset
 end
 
--- retry_after walks the log from the oldest record until enough permits free up.
+-- retry_after walks the log from the oldest record until enough permits free
+-- up. It returns nil when the whole log frees too few: the cached value was
+-- too low (a value key without its log), and the log is the truth.
 local function retry_after(cfg, log, need)
   local freed = 0
   local records = redis.call('ZRANGE', log, 0, need - 1, 'WITHSCORES')
@@ -77,7 +79,10 @@ local function retry_after(cfg, log, need)
       return (tonumber(records[i + 1]) + cfg.interval) * 1000 - NOW_US
     end
   end
-  return cfg.interval * 1000 -- the cache disagreed with the log; a full interval is always enough
+  if #records / 2 < need then
+    return nil, cfg.rate - freed
+  end
+  return cfg.interval * 1000 -- records of several permits each: a full interval frees them all
 end
 
 local function allow(cfg, keys, permits)
@@ -90,16 +95,26 @@ local function allow(cfg, keys, permits)
     retry = -1
   elseif write and redis.call('ZSCORE', log, member) then
     allowed = 1 -- a re-sent request: its grant is already in the log
-  elseif permits <= value then
-    allowed = 1
-    if write then
-      redis.call('ZADD', log, NOW_MS, member)
-      value = value - permits
-      changed = true
-      touch(cfg)
-    end
   else
-    retry = retry_after(cfg, log, permits - value)
+    if permits > value then
+      local rebuilt
+      retry, rebuilt = retry_after(cfg, log, permits - value)
+      if retry == nil then
+        value, changed, retry = rebuilt, true, 0
+        if permits > value then
+          retry = retry_after(cfg, log, permits - value)
+        end
+      end
+    end
+    if permits <= value then
+      allowed = 1
+      if write then
+        redis.call('ZADD', log, NOW_MS, member)
+        value = value - permits
+        changed = true
+        touch(cfg)
+      end
+    end
   end
   local reset
   if write and changed then
