@@ -1,0 +1,152 @@
+package redlimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The worked vectors of ../shared/REFERENCE.md §2: CL.THROTTLE key 4 1 1 [quantity].
+func TestThrottleMatchesCLThrottle(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		clk := newClock()
+		c := newClient(rdb, clk)
+		key := uniqueName(t)
+		ms := time.Millisecond
+		for i, v := range []struct {
+			at       time.Duration
+			quantity int64
+			want     ThrottleResult
+		}{
+			{0, 6, ThrottleResult{true, 5, 5, -1, 0}}, // more than the capacity: never
+			{0, 1, ThrottleResult{false, 5, 4, -1, 1}},
+			{0, 1, ThrottleResult{false, 5, 3, -1, 2}},
+			{0, 1, ThrottleResult{false, 5, 2, -1, 3}},
+			{0, 1, ThrottleResult{false, 5, 1, -1, 4}},
+			{0, 1, ThrottleResult{false, 5, 0, -1, 5}},
+			{0, 1, ThrottleResult{true, 5, 0, 1, 5}},
+			{3000 * ms, 1, ThrottleResult{false, 5, 2, -1, 3}},
+			{3100 * ms, 1, ThrottleResult{false, 5, 1, -1, 4}},
+			{4000 * ms, 1, ThrottleResult{false, 5, 1, -1, 4}},
+			{8000 * ms, 1, ThrottleResult{false, 5, 4, -1, 1}},
+			{9500 * ms, 1, ThrottleResult{false, 5, 4, -1, 1}}, // a stale TAT counts from now
+			{9500 * ms, 0, ThrottleResult{false, 5, 4, -1, 1}},
+			{9500 * ms, 2, ThrottleResult{false, 5, 2, -1, 3}},
+			{9500 * ms, 5, ThrottleResult{true, 5, 2, 3, 3}},
+		} {
+			clk.Set(v.at)
+			got, err := c.Throttle(context.Background(), key, 4, 1, time.Second, v.quantity)
+			require.NoError(t, err)
+			assert.Equal(t, v.want, got, "vector %d: %v quantity %d", i, v.at, v.quantity)
+		}
+	})
+}
+
+func TestThrottleIgnoresStoredConfig(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		c := newClient(rdb, newClock())
+		key := uniqueName(t)
+		require.NoError(t, c.Funnel(key).SetRate(ctx, Per(1000, time.Second)))
+		got, err := c.Throttle(ctx, key, 0, 1, time.Minute, 1)
+		require.NoError(t, err)
+		assert.Equal(t, ThrottleResult{false, 1, 0, -1, 60}, got)
+		_, err = c.Throttle(ctx, key, -1, 1, time.Minute, 1)
+		assert.ErrorIs(t, err, ErrInvalidConfig)
+		_, err = c.Throttle(ctx, key, 1, 1, time.Minute, -1)
+		assert.ErrorIs(t, err, ErrInvalidPermits)
+	})
+}
+
+func TestCLSeconds(t *testing.T) {
+	for d, want := range map[time.Duration]int64{
+		0: 0, time.Microsecond: 0, 999 * time.Microsecond: 0, time.Millisecond: 1,
+		time.Second: 1, time.Second + 999*time.Microsecond: 1, time.Second + time.Millisecond: 2,
+	} {
+		assert.Equal(t, want, clSeconds(d), "%v", d)
+	}
+}
+
+// gcra is an independent, straightforward model of CL.THROTTLE's arithmetic
+// (REFERENCE.md §2), in microseconds.
+type gcra struct {
+	tat int64 // 0: no state
+}
+
+func (g *gcra) throttle(now, emission, capacity, quantity int64) Result {
+	tolerance := emission * capacity
+	tat := max(g.tat, now)
+	increment := emission * quantity
+	diff := now - (tat + increment - tolerance)
+	r := Result{Limit: capacity}
+	var ttl int64
+	if diff < 0 {
+		ttl = tat - now
+		r.RetryAfter = time.Duration(-diff) * time.Microsecond
+		if increment > tolerance {
+			r.RetryAfter = -1
+		}
+	} else {
+		r.Allowed = true
+		ttl = tat + increment - now
+		if quantity > 0 {
+			g.tat = tat + increment
+		}
+	}
+	if tolerance-ttl > -emission {
+		r.Remaining = max(0, (tolerance-ttl)/emission)
+	}
+	r.ResetAfter = time.Duration(ttl) * time.Microsecond
+	return r
+}
+
+func TestFunnelMatchesModel(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(1, 2))
+		calls := 3000
+		if testing.Short() {
+			calls = 300
+		}
+		for round := range 10 {
+			clk := newClock()
+			rate := rng.Int64N(20) + 1
+			// Emission intervals of 10s and more keep every key's TTL far above
+			// the real time a test takes (real Redis ages TTLs in real time).
+			interval := time.Duration(rate*(10_000+rng.Int64N(50_000))) * time.Millisecond
+			capacity := rng.Int64N(2*rate) + 1
+			emission := interval.Microseconds() / rate
+			l := newClient(rdb, clk).Funnel(uniqueName(t)).WithDefault(Config{Rate: rate, Interval: interval, Burst: capacity})
+			var model gcra
+			for i := range calls / 10 {
+				clk.Add(time.Duration(rng.Int64N(emission*2)) * time.Microsecond)
+				q := rng.Int64N(capacity + 2)
+				got, err := l.Allow(ctx, q)
+				require.NoError(t, err)
+				want := model.throttle(clk.Now().UnixMicro(), emission, capacity, q)
+				require.Equal(t, want, got, "round %d call %d: rate %d per %v, capacity %d, quantity %d", round, i, rate, interval, capacity, q)
+			}
+		}
+	})
+}
+
+func TestFunnelDrainsSmoothly(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		clk := newClock()
+		l := newClient(rdb, clk).Funnel(uniqueName(t)).WithDefault(Config{Rate: 10, Interval: 10 * time.Second, Burst: 3})
+		s := time.Second
+		runSteps(t, l, clk, []step{
+			{0, 3, true, 0, 0, 3 * s},
+			{0, 1, false, 0, 1 * s, 3 * s},
+			{500 * time.Millisecond, 1, false, 0, 500 * time.Millisecond, 2500 * time.Millisecond},
+			{1 * s, 1, true, 0, 0, 3 * s}, // one permit leaks out every second
+			{1 * s, 4, false, 0, -1, 3 * s},
+			{10 * s, 2, true, 1, 0, 2 * s},
+		})
+	})
+}

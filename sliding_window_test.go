@@ -1,0 +1,77 @@
+package redlimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSlidingWindowSteps(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		clk := newClock()
+		// 10 per 10s in 10 sub-windows of 1s.
+		l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
+		ms := time.Millisecond
+		runSteps(t, l, clk, []step{
+			{0, 4, true, 6, 0, 10000 * ms},        // sub-window 0 leaves the window at 10s
+			{9500 * ms, 6, true, 0, 0, 9500 * ms}, // sub-window 9 leaves at 19s
+			{9999 * ms, 1, false, 0, 1 * ms, 9001 * ms},
+			{10000 * ms, 5, false, 4, 9000 * ms, 9000 * ms}, // 5 need sub-window 9 gone
+			{10000 * ms, 4, true, 0, 0, 10000 * ms},
+			{18999 * ms, 1, false, 0, 1 * ms, 1001 * ms},
+			{19000 * ms, 6, true, 0, 0, 10000 * ms},
+			{20000 * ms, 0, true, 4, 0, 9000 * ms},
+			{29000 * ms, 0, true, 10, 0, 0},
+		})
+	})
+}
+
+// The guarantee: no span shorter than interval × (buckets−1)/buckets ever
+// holds more than rate granted permits.
+func TestSlidingWindowSpanGuarantee(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(5, 6))
+		for _, buckets := range []int{1, 2, 10, 60} {
+			clk := newClock()
+			const rate, interval = 20, time.Minute
+			l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(Config{Rate: rate, Interval: interval, Buckets: buckets})
+			type grant struct {
+				at time.Time
+				n  int64
+			}
+			var grants []grant
+			var total int64
+			for range 3000 {
+				clk.Add(time.Duration(rng.Int64N(int64(time.Second))))
+				p := rng.Int64N(5) + 1
+				ok, err := l.TryAcquire(ctx, p)
+				require.NoError(t, err)
+				if ok {
+					grants = append(grants, grant{clk.Now(), p})
+					total += p
+				}
+			}
+			sort.Slice(grants, func(i, j int) bool { return grants[i].at.Before(grants[j].at) })
+			span := interval * time.Duration(buckets-1) / time.Duration(buckets)
+			var inSpan int64
+			end := 0
+			for start := range grants {
+				for end < len(grants) && grants[end].at.Sub(grants[start].at) < span {
+					inSpan += grants[end].n
+					end++
+				}
+				require.LessOrEqual(t, inSpan, int64(rate), "%d buckets: span from %v", buckets, grants[start].at)
+				inSpan -= grants[start].n
+			}
+			elapsed := clk.Now().Sub(epoch)
+			assert.Greater(t, total, int64(float64(rate)*elapsed.Minutes()*0.8), "%d buckets: used most of the capacity", buckets)
+		}
+	})
+}
