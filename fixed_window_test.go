@@ -14,20 +14,22 @@ import (
 func TestFixedWindowBoundary(t *testing.T) {
 	// Rate granted just before an edge and Rate just after pass: the 2× burst
 	// fixed windows are known for. Rate+1 inside one window never does.
+	// Windows of 10 minutes keep every TTL in seconds: real Redis ages TTLs in
+	// real time while the test's clock stands still.
 	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
 		clk := newClock()
-		l := newClient(rdb, clk).FixedWindow(uniqueName(t)).WithDefault(tenPer10s)
-		ms := time.Millisecond
+		l := newClient(rdb, clk).FixedWindow(uniqueName(t)).WithDefault(Per(10, 10*time.Minute))
+		s := time.Second
 		runSteps(t, l, clk, []step{
-			{9999 * ms, 10, true, 0, 0, 1 * ms},
-			{9999 * ms, 1, false, 0, 1 * ms, 1 * ms},
-			{10000 * ms, 10, true, 0, 0, 10000 * ms},
-			{10000 * ms, 1, false, 0, 10000 * ms, 10000 * ms},
-			{15000 * ms, 1, false, 0, 5000 * ms, 5000 * ms},
-			{20000 * ms, 0, true, 10, 0, 0},
-			{20000 * ms, 4, true, 6, 0, 10000 * ms},
-			{29000 * ms, 7, false, 6, 1000 * ms, 1000 * ms},
-			{30000 * ms, 7, true, 3, 0, 10000 * ms},
+			{599 * s, 10, true, 0, 0, 1 * s},
+			{599 * s, 1, false, 0, 1 * s, 1 * s},
+			{600 * s, 10, true, 0, 0, 600 * s},
+			{600 * s, 1, false, 0, 600 * s, 600 * s},
+			{900 * s, 1, false, 0, 300 * s, 300 * s},
+			{1200 * s, 0, true, 10, 0, 0},
+			{1200 * s, 4, true, 6, 0, 600 * s},
+			{1799 * s, 7, false, 6, 1 * s, 1 * s},
+			{1800 * s, 7, true, 3, 0, 600 * s},
 		})
 	})
 }

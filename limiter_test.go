@@ -22,9 +22,9 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// epoch is where every controlled clock starts: a whole minute, so windows of
-// a second, ten seconds or a minute all begin there.
-var epoch = time.Unix(1_700_000_040, 0)
+// epoch is where every controlled clock starts: a whole hour, so windows of
+// a second, a minute or ten minutes all begin there.
+var epoch = time.Unix(1_699_999_200, 0)
 
 // clock is a controlled clock. Limiters built by newClient decide on it, and
 // their waits (Acquire, TryAcquireWithin) advance it instead of sleeping.

@@ -48,7 +48,7 @@ func TestSlidingWindowSpanGuarantee(t *testing.T) {
 			}
 			var grants []grant
 			var total int64
-			for range 3000 {
+			for range 1500 {
 				clk.Add(time.Duration(rng.Int64N(int64(time.Second))))
 				p := rng.Int64N(5) + 1
 				ok, err := l.TryAcquire(ctx, p)
