@@ -53,6 +53,7 @@ type Client struct {
 	clientID    string
 	retryWindow time.Duration
 	observe     func(Decision)
+	denials     *denials // nil unless WithLocalCache
 	sleep       func(ctx context.Context, d time.Duration) error
 }
 
@@ -98,6 +99,7 @@ type Decision struct {
 	Result    Result
 	Err       error
 	Latency   time.Duration // of the round trip
+	Cached    bool          // denied by the local cache (WithLocalCache), without a round trip
 }
 
 // WithObserver calls observe after every decision, on the caller's goroutine:
@@ -139,6 +141,7 @@ type Limiter struct {
 	name       string
 	keys       []string // config, client registry, replay marker, shared state, this client's state
 	requestKey string   // replay markers are requestKey + the request ID in hex
+	denialKey  string   // in the local cache of denials
 	defaults   []any    // the default config's script arguments; nil without one
 	dflt       Config
 	err        error
@@ -146,7 +149,7 @@ type Limiter struct {
 
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	full := c.prefix + name
-	l := &Limiter{client: c, alg: alg, name: full, requestKey: keyOf(full, "request:")}
+	l := &Limiter{client: c, alg: alg, name: full, requestKey: keyOf(full, "request:"), denialKey: alg.script.name + ":" + full}
 	if err := validName(name, full); err != nil {
 		l.err = err
 		return l
@@ -230,18 +233,38 @@ func (l *Limiter) Allow(ctx context.Context, permits int64) (Result, error) {
 	return l.decide(ctx, request{op: "allow", n: permits})
 }
 
-// decide runs an allow request and tells the observer.
+// decide runs an allow request, through the local cache when there is one,
+// and tells the observer.
 func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
+	c := l.client
 	start := time.Now()
-	reply, err := l.eval(ctx, req)
 	var r Result
-	if err == nil {
-		r, err = parseResult(reply)
+	var err error
+	cached := false
+	if c.denials != nil && req.n > 0 && l.err == nil {
+		r, cached = c.denials.lookup(l.denialKey, req.n, c.clock())
 	}
-	if l.client.observe != nil {
-		l.client.observe(Decision{Limiter: l.name, Algorithm: l.alg.script.name, Permits: req.n, Result: r, Err: err, Latency: time.Since(start)})
+	if !cached {
+		var reply any
+		if reply, err = l.eval(ctx, req); err == nil {
+			r, err = parseResult(reply)
+		}
+		if err == nil && c.denials != nil && req.n > 0 {
+			c.denials.store(l.denialKey, req.n, r, c.clock())
+		}
+	}
+	if c.observe != nil {
+		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.script.name, Permits: req.n, Result: r, Err: err, Latency: time.Since(start), Cached: cached})
 	}
 	return r, err
+}
+
+// forgetDenial drops this Client's cached denial after a local change that
+// may free permits sooner than the denial said.
+func (l *Limiter) forgetDenial() {
+	if l.client.denials != nil && l.err == nil {
+		l.client.denials.forget(l.denialKey)
+	}
 }
 
 // allow is Allow for the methods that treat a request above the limit as an error.
@@ -307,6 +330,7 @@ func (l *Limiter) Release(ctx context.Context, permits int64) error {
 	if permits == 0 {
 		return nil
 	}
+	defer l.forgetDenial()
 	_, err := l.eval(ctx, request{op: "release", n: permits})
 	return err
 }
@@ -350,17 +374,20 @@ func (l *Limiter) setRate(ctx context.Context, op string, cfg Config) (bool, err
 	if err := cfg.validate(); err != nil {
 		return false, err
 	}
+	defer l.forgetDenial()
 	return l.everyClient(ctx, request{op: op, source: "new", config: cfg.args()})
 }
 
 // Reset forgets every client's usage and keeps the config.
 func (l *Limiter) Reset(ctx context.Context) error {
+	defer l.forgetDenial()
 	_, err := l.everyClient(ctx, request{op: "reset"})
 	return err
 }
 
 // Delete removes every key of the limiter, every client's, and reports whether there were any.
 func (l *Limiter) Delete(ctx context.Context) (bool, error) {
+	defer l.forgetDenial()
 	return l.everyClient(ctx, request{op: "delete"})
 }
 
@@ -369,6 +396,7 @@ func (l *Limiter) Delete(ctx context.Context) (bool, error) {
 // whether the limiter had any key. A ttl of zero or less deletes the limiter.
 func (l *Limiter) Expire(ctx context.Context, ttl time.Duration) (bool, error) {
 	ms := max(0, (ttl+time.Millisecond-1)/time.Millisecond)
+	defer l.forgetDenial()
 	return l.everyClient(ctx, request{op: "expire", n: int64(ms)})
 }
 
