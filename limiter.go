@@ -42,6 +42,9 @@ var (
 	ErrAlgorithmMismatch = errors.New("redlimit: limiter holds another algorithm")
 	// ErrUnexpectedReply: Redis answered with a reply the scripts never send.
 	ErrUnexpectedReply = errors.New("redlimit: unexpected reply")
+	// ErrUnavailable: Redis could not decide (unreachable, timed out, loading,
+	// failing over, out of memory...). The error wraps the cause too.
+	ErrUnavailable = errors.New("redlimit: redis unavailable")
 )
 
 // Client makes limiters that share one Redis connection and options. It is
@@ -54,6 +57,7 @@ type Client struct {
 	retryWindow time.Duration
 	observe     func(Decision)
 	denials     *denials // nil unless WithLocalCache
+	failOpen    bool
 	sleep       func(ctx context.Context, d time.Duration) error
 }
 
@@ -105,6 +109,12 @@ type Decision struct {
 // WithObserver calls observe after every decision, on the caller's goroutine:
 // it must be quick and safe for concurrent use. For metrics and tracing.
 func WithObserver(observe func(Decision)) Option { return func(c *Client) { c.observe = observe } }
+
+// WithFailOpen grants every request Redis cannot decide (ErrUnavailable),
+// instead of the default, failing closed: denying it and returning the error.
+// Allow then reports Allowed with no error; the error still reaches the
+// observer (WithObserver), which is where to count and log outages.
+func WithFailOpen() Option { return func(c *Client) { c.failOpen = true } }
 
 // New returns a Client deciding through rdb.
 func New(rdb redis.Scripter, opts ...Option) *Client {
@@ -253,8 +263,15 @@ func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
 			c.denials.store(l.denialKey, req.n, r, c.clock())
 		}
 	}
+	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable)
+	if failOpen {
+		r = Result{Allowed: true}
+	}
 	if c.observe != nil {
 		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.script.name, Permits: req.n, Result: r, Err: err, Latency: time.Since(start), Cached: cached})
+	}
+	if failOpen {
+		return r, nil
 	}
 	return r, err
 }

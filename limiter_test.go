@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -738,11 +739,27 @@ func TestReplyShapes(t *testing.T) {
 	}
 }
 
-func TestErrorsWrapCause(t *testing.T) {
+func TestRedisUnreachable(t *testing.T) {
+	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer rdb.Close()
-	_, err := New(rdb).TokenBucket("x").WithDefault(tenPer10s).Allow(context.Background(), 1)
-	require.Error(t, err)
-	var op interface{ Timeout() bool }
-	assert.True(t, errors.As(err, &op) || strings.Contains(err.Error(), "connection refused"), "%v", err)
+	l := New(rdb).TokenBucket("x").WithDefault(tenPer10s)
+	ok, err := l.TryAcquire(ctx, 1)
+	assert.False(t, ok, "fails closed by default")
+	assert.ErrorIs(t, err, ErrUnavailable)
+	var netErr net.Error
+	assert.True(t, errors.As(err, &netErr) || strings.Contains(err.Error(), "connection refused"), "the cause is kept: %v", err)
+	_, err = l.Config(ctx)
+	assert.ErrorIs(t, err, ErrUnavailable)
+
+	var seen []error
+	open := New(rdb, WithFailOpen(), WithObserver(func(d Decision) { seen = append(seen, d.Err) })).TokenBucket("x").WithDefault(tenPer10s)
+	ok, err = open.TryAcquire(ctx, 1)
+	assert.NoError(t, err)
+	assert.True(t, ok, "fails open when asked to")
+	assert.NoError(t, open.Acquire(ctx, 1))
+	require.Len(t, seen, 2)
+	assert.ErrorIs(t, seen[0], ErrUnavailable, "the observer still sees the outage")
+	_, err = open.Allow(ctx, -1)
+	assert.ErrorIs(t, err, ErrInvalidPermits, "bad input is never waved through")
 }

@@ -44,7 +44,7 @@ func (s *script) run(ctx context.Context, rdb redis.Scripter, keys []string, arg
 	reply, err := rdb.EvalSha(ctx, s.sha, keys, args...).Result()
 	if isNoScript(err) {
 		if err := s.load(ctx, rdb); err != nil {
-			return nil, fmt.Errorf("redlimit: loading script %s: %w", s.name, err)
+			return nil, fmt.Errorf("loading script %s: %w", s.name, scriptError(err))
 		}
 		reply, err = rdb.EvalSha(ctx, s.sha, keys, args...).Result()
 	}
@@ -70,11 +70,15 @@ func isNoScript(err error) bool {
 }
 
 // scriptError turns the scripts' "REDLIMIT <kind> <detail>" replies into
-// sentinel errors; any other error (network, server) is wrapped as it is.
+// sentinel errors. Any other error means Redis could not decide: it wraps
+// ErrUnavailable and the cause, except the caller's own context ending.
 func scriptError(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("redlimit: %w", err)
+	}
 	var rerr redis.Error
 	if !errors.As(err, &rerr) || !strings.HasPrefix(rerr.Error(), "REDLIMIT ") {
-		return fmt.Errorf("redlimit: %w", err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	detail := strings.TrimPrefix(rerr.Error(), "REDLIMIT ")
 	sentinel := ErrCorruptState
