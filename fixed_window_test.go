@@ -16,7 +16,7 @@ func TestFixedWindowBoundary(t *testing.T) {
 	// fixed windows are known for. Rate+1 inside one window never does.
 	// Windows of 10 minutes keep every TTL in seconds: real Redis ages TTLs in
 	// real time while the test's clock stands still.
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		clk := newClock()
 		l := newClient(rdb, clk).FixedWindow(uniqueName(t)).WithDefault(Per(10, 10*time.Minute))
 		s := time.Second
@@ -35,7 +35,7 @@ func TestFixedWindowBoundary(t *testing.T) {
 }
 
 func TestFixedWindowNeverOverAdmits(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(3, 4))
 		clk := newClock()

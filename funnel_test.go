@@ -13,7 +13,7 @@ import (
 
 // The worked vectors of ../shared/REFERENCE.md §2: CL.THROTTLE key 4 1 1 [quantity].
 func TestThrottleMatchesCLThrottle(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		clk := newClock()
 		c := newClient(rdb, clk)
 		key := uniqueName(t)
@@ -48,7 +48,7 @@ func TestThrottleMatchesCLThrottle(t *testing.T) {
 }
 
 func TestThrottleIgnoresStoredConfig(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		c := newClient(rdb, newClock())
 		key := uniqueName(t)
@@ -106,7 +106,7 @@ func (g *gcra) throttle(now, emission, capacity, quantity int64) Result {
 }
 
 func TestFunnelMatchesModel(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(1, 2))
 		calls := 3000
@@ -136,7 +136,7 @@ func TestFunnelMatchesModel(t *testing.T) {
 }
 
 func TestFunnelDrainsSmoothly(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		clk := newClock()
 		l := newClient(rdb, clk).Funnel(uniqueName(t)).WithDefault(Config{Rate: 10, Interval: 10 * time.Second, Burst: 3})
 		s := time.Second

@@ -56,6 +56,9 @@ func (c *clock) Set(d time.Duration) {
 func newClock() *clock { return &clock{now: epoch} }
 
 func newClient(rdb redis.Scripter, clk *clock, opts ...Option) *Client {
+	if p, ok := rdb.(prefixed); ok {
+		opts = append([]Option{WithPrefix(p.prefix)}, opts...)
+	}
 	c := New(rdb, append([]Option{WithClock(clk.Now)}, opts...)...)
 	c.sleep = func(ctx context.Context, d time.Duration) error {
 		if err := ctx.Err(); err != nil {
@@ -67,9 +70,18 @@ func newClient(rdb redis.Scripter, clk *clock, opts ...Option) *Client {
 	return c
 }
 
-// eachBackend runs f on a fresh miniredis and on the test process's real
-// redis-server (skipped without one unless REDLIMIT_REQUIRE_REDIS=1).
-func eachBackend(t *testing.T, f func(t *testing.T, rdb *redis.Client)) {
+// prefixed is a backend whose limiters get a prefix (newClient adds it) and
+// hash-tagged names (uniqueName adds them).
+type prefixed struct {
+	redis.UniversalClient
+	prefix string
+}
+
+// eachBackend runs f on a fresh miniredis, on the test process's real
+// redis-server, and on its real Redis Cluster, plainly and with prefixed,
+// hash-tagged names (the real ones are skipped without redis-server unless
+// REDLIMIT_REQUIRE_REDIS=1).
+func eachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
 	t.Run("miniredis", func(t *testing.T) {
 		m := miniredis.RunT(t)
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
@@ -79,6 +91,29 @@ func eachBackend(t *testing.T, f func(t *testing.T, rdb *redis.Client)) {
 	t.Run("redis", func(t *testing.T) {
 		f(t, redistest.Shared(t).Client(t))
 	})
+	t.Run("cluster", func(t *testing.T) {
+		f(t, redistest.SharedCluster(t).Client(t))
+	})
+	t.Run("cluster-tagged", func(t *testing.T) {
+		f(t, prefixed{redistest.SharedCluster(t).Client(t), "app:"})
+	})
+}
+
+// cloneClient returns a new client to rdb's server(s), for tests that add hooks.
+func cloneClient(t *testing.T, rdb redis.UniversalClient) redis.UniversalClient {
+	var c redis.UniversalClient
+	switch r := rdb.(type) {
+	case *redis.Client:
+		c = redis.NewClient(r.Options())
+	case *redis.ClusterClient:
+		c = redis.NewClusterClient(r.Options())
+	case prefixed:
+		return prefixed{cloneClient(t, r.UniversalClient), r.prefix}
+	default:
+		t.Fatalf("cannot clone %T", rdb)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 type algo struct {
@@ -94,26 +129,49 @@ var algorithms = []algo{
 }
 
 // eachAlgorithm runs f for every algorithm on every backend.
-func eachAlgorithm(t *testing.T, f func(t *testing.T, rdb *redis.Client, a algo)) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+func eachAlgorithm(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient, a algo)) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		for _, a := range algorithms {
 			t.Run(a.name, func(t *testing.T) { f(t, rdb, a) })
 		}
 	})
 }
 
-// uniqueName gives each test its own limiter names on a shared server.
+// uniqueName gives each test its own limiter names on a shared server. On
+// the cluster-tagged backend the name carries a hash tag.
 func uniqueName(t *testing.T) string {
-	return fmt.Sprintf("%s-%x", t.Name(), rand.Uint32())
+	name := fmt.Sprintf("%s-%x", t.Name(), rand.Uint32())
+	if strings.Contains(t.Name(), "/cluster-tagged/") {
+		name = fmt.Sprintf("{t%x}", rand.Uint32()) + name
+	}
+	return name
 }
 
 // limiterKeys lists the keys in Redis that hold the limiter called name's
 // config and state. Replay markers are left out: they expire on their own
 // within the retry window (WithRetryWindow).
-func limiterKeys(t *testing.T, rdb *redis.Client, name string) []string {
+func limiterKeys(t *testing.T, rdb redis.UniversalClient, name string) []string {
 	t.Helper()
-	keys, err := rdb.Keys(context.Background(), "*"+escapeGlob(name)+"*").Result()
-	require.NoError(t, err)
+	ctx := context.Background()
+	pattern := "*" + escapeGlob(name) + "*"
+	var keys []string
+	if p, ok := rdb.(prefixed); ok {
+		rdb = p.UniversalClient
+	}
+	if cluster, ok := rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		require.NoError(t, cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			found, err := node.Keys(ctx, pattern).Result()
+			mu.Lock()
+			keys = append(keys, found...)
+			mu.Unlock()
+			return err
+		}))
+	} else {
+		var err error
+		keys, err = rdb.Keys(ctx, pattern).Result()
+		require.NoError(t, err)
+	}
 	keys = slices.DeleteFunc(keys, func(k string) bool { return strings.Contains(k, ":request:") })
 	sort.Strings(keys)
 	return keys
@@ -126,7 +184,7 @@ func escapeGlob(s string) string {
 
 // snapshot captures the limiter's keys byte for byte, to prove an operation
 // changed nothing.
-func snapshot(t *testing.T, rdb *redis.Client, name string) map[string]string {
+func snapshot(t *testing.T, rdb redis.UniversalClient, name string) map[string]string {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]string{}
@@ -173,7 +231,7 @@ func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
 var tenPer10s = Per(10, 10*time.Second)
 
 func TestConfigPrecedence(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		c := newClient(rdb, newClock())
@@ -193,7 +251,7 @@ func TestConfigPrecedence(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), r.Limit)
 		assert.Equal(t, int64(1), r.Remaining)
-		assert.Zero(t, rdb.Exists(ctx, name).Val(), "a default is never stored")
+		assert.Zero(t, rdb.Exists(ctx, l.Name()).Val(), "a default is never stored")
 
 		ok, err := l.TrySetRate(ctx, tenPer10s)
 		require.NoError(t, err)
@@ -213,7 +271,7 @@ func TestConfigPrecedence(t *testing.T) {
 }
 
 func TestConfigRoundTrip(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.new(newClient(rdb, newClock()), uniqueName(t))
 		want := Config{Type: PerClient, Rate: 7, Interval: 3 * time.Second, Burst: 9, Buckets: 3, KeepAlive: time.Hour}
@@ -225,7 +283,7 @@ func TestConfigRoundTrip(t *testing.T) {
 }
 
 func TestPeekWritesNothing(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		clk := newClock()
@@ -247,7 +305,7 @@ func TestPeekWritesNothing(t *testing.T) {
 }
 
 func TestPermitsAboveLimit(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		l := a.new(newClient(rdb, newClock()), name).WithDefault(tenPer10s)
@@ -266,7 +324,7 @@ func TestPermitsAboveLimit(t *testing.T) {
 }
 
 func TestBadInputLeavesStateUntouched(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		l := a.new(newClient(rdb, newClock()), name)
@@ -313,7 +371,7 @@ func TestBadInputLeavesStateUntouched(t *testing.T) {
 }
 
 func TestRelease(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.new(newClient(rdb, newClock()), uniqueName(t)).WithDefault(tenPer10s)
 		_, err := l.Allow(ctx, 10)
@@ -331,7 +389,7 @@ func TestRelease(t *testing.T) {
 }
 
 func TestResetKeepsConfig(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.new(newClient(rdb, newClock()), uniqueName(t))
 		require.NoError(t, l.SetRate(ctx, tenPer10s))
@@ -350,7 +408,7 @@ func TestResetKeepsConfig(t *testing.T) {
 func TestSetRateKeepsUsage(t *testing.T) {
 	// After 6 of 10 permits, the rate changes. Window counters and the token
 	// bucket keep the 6 permits; the funnel keeps the time they fill (6s of 10s).
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.new(newClient(rdb, newClock()), uniqueName(t))
 		require.NoError(t, l.SetRate(ctx, tenPer10s))
@@ -381,7 +439,7 @@ func TestSetRateKeepsUsage(t *testing.T) {
 }
 
 func TestTypeChangeClearsUsage(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		clk := newClock()
@@ -399,12 +457,12 @@ func TestTypeChangeClearsUsage(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, int64(10), n)
 		}
-		assert.Equal(t, []string{name}, limiterKeys(t, rdb, name), "every client's keys are gone")
+		assert.Equal(t, []string{x.Name()}, limiterKeys(t, rdb, name), "every client's keys are gone")
 	})
 }
 
 func TestPerClient(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		clk := newClock()
@@ -449,7 +507,7 @@ func TestPerClient(t *testing.T) {
 }
 
 func TestExpireFamily(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		clk := newClock()
@@ -507,23 +565,23 @@ func TestExpireFamily(t *testing.T) {
 }
 
 func TestKeepAlive(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		l := a.new(newClient(rdb, newClock()), name)
 		require.NoError(t, l.SetRate(ctx, Config{Rate: 10, Interval: time.Second, KeepAlive: time.Minute}))
-		ttl := rdb.PTTL(ctx, name).Val()
+		ttl := rdb.PTTL(ctx, l.Name()).Val()
 		assert.True(t, ttl > 59*time.Second && ttl <= time.Minute, "ttl %v", ttl)
-		require.NoError(t, rdb.PExpire(ctx, name, 30*time.Second).Err())
+		require.NoError(t, rdb.PExpire(ctx, l.Name(), 30*time.Second).Err())
 		_, err := l.Allow(ctx, 1)
 		require.NoError(t, err)
-		ttl = rdb.PTTL(ctx, name).Val()
+		ttl = rdb.PTTL(ctx, l.Name()).Val()
 		assert.True(t, ttl > 59*time.Second, "an acquire refreshes the keep-alive: %v", ttl)
 	})
 }
 
 func TestDelete(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		l := a.new(newClient(rdb, newClock()), name)
@@ -544,7 +602,7 @@ func TestDelete(t *testing.T) {
 
 // Every key a limiter writes expires, and is gone once the limiter is full again.
 func TestEveryKeyExpires(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		clk := newClock()
@@ -564,7 +622,7 @@ func TestEveryKeyExpires(t *testing.T) {
 }
 
 func TestCorruptState(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		hset := func(name string, fields ...any) {
 			if a.name != "tokenbucket" {
@@ -591,7 +649,7 @@ func TestCorruptState(t *testing.T) {
 		} {
 			name := uniqueName(t)
 			l := a.new(newClient(rdb, newClock()), name).WithDefault(tenPer10s)
-			c.corrupt(name, l)
+			c.corrupt(l.Name(), l)
 			before := snapshot(t, rdb, name)
 			_, err := l.Allow(ctx, 1)
 			assert.ErrorIs(t, err, c.want, c.what)
@@ -607,7 +665,7 @@ func TestCorruptState(t *testing.T) {
 }
 
 func TestAlgorithmMismatch(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		c := newClient(rdb, newClock())
@@ -640,10 +698,10 @@ func (dupHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 }
 
 func TestResentScriptCountsOnce(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
-		dup := redis.NewClient(rdb.Options())
+		dup := cloneClient(t, rdb)
 		t.Cleanup(func() { dup.Close() })
 		sent := 0
 		dup.AddHook(dupHook{&sent})
@@ -668,7 +726,7 @@ func TestResentScriptCountsOnce(t *testing.T) {
 
 func TestTimeFromRedis(t *testing.T) {
 	// Without WithClock the scripts read Redis TIME.
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.new(New(rdb), uniqueName(t)).WithDefault(Per(3, time.Hour))
 		for i, want := range []bool{true, true, true, false} {
@@ -683,7 +741,7 @@ func TestTimeFromRedis(t *testing.T) {
 }
 
 func TestAcquireWaits(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(tenPer10s)
@@ -704,7 +762,7 @@ func TestAcquireWaits(t *testing.T) {
 }
 
 func TestTryAcquireWithin(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(Per(1, 10*time.Second))

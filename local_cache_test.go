@@ -39,9 +39,9 @@ func (h *countHook) count() int {
 }
 
 func TestLocalCacheFlood(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb *redis.Client, a algo) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		counted := redis.NewClient(rdb.Options())
+		counted := cloneClient(t, rdb)
 		t.Cleanup(func() { counted.Close() })
 		hook := &countHook{}
 		counted.AddHook(hook)

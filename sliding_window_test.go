@@ -13,7 +13,7 @@ import (
 )
 
 func TestSlidingWindowSteps(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		clk := newClock()
 		// 10 per 10s in 10 sub-windows of 1s.
 		l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
@@ -35,7 +35,7 @@ func TestSlidingWindowSteps(t *testing.T) {
 // The guarantee: no span shorter than interval × (buckets−1)/buckets ever
 // holds more than rate granted permits.
 func TestSlidingWindowSpanGuarantee(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		rng := rand.New(rand.NewPCG(5, 6))
 		for _, buckets := range []int{1, 2, 10, 60} {

@@ -14,7 +14,7 @@ import (
 
 // assertLogAgrees checks the invariant the token bucket keeps: the value key
 // equals rate − Σ(permits in the log).
-func assertLogAgrees(t *testing.T, rdb *redis.Client, l *Limiter, rate int64) {
+func assertLogAgrees(t *testing.T, rdb redis.UniversalClient, l *Limiter, rate int64) {
 	t.Helper()
 	ctx := context.Background()
 	var sum int64
@@ -32,7 +32,7 @@ func assertLogAgrees(t *testing.T, rdb *redis.Client, l *Limiter, rate int64) {
 
 // Redisson's testAcquisitionInterval: 2 permits per 5 seconds.
 func TestTokenBucketAcquisitionInterval(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		clk := newClock()
 		l := newClient(rdb, clk).TokenBucket(uniqueName(t)).WithDefault(Per(2, 5*time.Second))
 		ms := time.Millisecond
@@ -55,7 +55,7 @@ func TestTokenBucketAcquisitionInterval(t *testing.T) {
 // RetryAfter walks the log: Redisson answered "oldest record + 3ms", too
 // short for a request that needs several records to age out.
 func TestTokenBucketExactRetryAfter(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		clk := newClock()
 		l := newClient(rdb, clk).TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
 		s := time.Second
@@ -74,7 +74,7 @@ func TestTokenBucketExactRetryAfter(t *testing.T) {
 
 func TestTokenBucketRecordsNeverCollide(t *testing.T) {
 	// Redisson #3804: records packed from a float collided and were lost, and the limit drifted.
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		l := newClient(rdb, newClock()).TokenBucket(uniqueName(t)).WithDefault(Per(500, time.Minute))
 		for i := range 500 {
@@ -93,7 +93,7 @@ func TestTokenBucketRecordsNeverCollide(t *testing.T) {
 func TestTokenBucketLogAndValueAgree(t *testing.T) {
 	// Redisson #3639, #7329, #7342: after a rate decrease or a release, the
 	// value exceeded the rate or disagreed with the log.
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		clk := newClock()
 		l := newClient(rdb, clk).TokenBucket(uniqueName(t))
@@ -125,7 +125,7 @@ func TestTokenBucketLogAndValueAgree(t *testing.T) {
 func TestTokenBucketLostValueKey(t *testing.T) {
 	// Redisson reset a limiter whose value key was lost to the full rate,
 	// whatever its log held.
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		l := newClient(rdb, newClock()).TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
 		_, err := l.Allow(ctx, 10)
@@ -142,7 +142,7 @@ func TestTokenBucketLostValueKey(t *testing.T) {
 func TestTokenBucketValueWithoutLog(t *testing.T) {
 	// Redisson raised a Lua error (nil arithmetic) when the value key existed
 	// but the log did not; a stale low value must not deny forever either.
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		l := newClient(rdb, newClock()).TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
 		require.NoError(t, rdb.Set(ctx, l.keys[3], "0", 0).Err())
@@ -159,12 +159,12 @@ func TestTokenBucketValueWithoutLog(t *testing.T) {
 
 func TestTokenBucketConfigExpired(t *testing.T) {
 	// Redisson #3260: "RateLimiter is not initialized" once the config hash expired.
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		name := uniqueName(t)
 		l := newClient(rdb, newClock()).TokenBucket(name)
 		require.NoError(t, l.SetRate(ctx, tenPer10s))
-		require.NoError(t, rdb.Del(ctx, name).Err()) // as when its keep-alive runs out
+		require.NoError(t, rdb.Del(ctx, l.Name()).Err()) // as when its keep-alive runs out
 		_, err := l.Allow(ctx, 1)
 		assert.ErrorIs(t, err, ErrNotInitialized, "a clear sentinel, not a script error")
 		ok, err := l.WithDefault(tenPer10s).TryAcquire(ctx, 1)
@@ -192,7 +192,10 @@ func redissonMember(id byte, permits uint32) string {
 }
 
 func TestRedissonReadsOurs(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		if _, ok := rdb.(prefixed); ok {
+			t.Skip("spells out Redisson's key names for unprefixed names")
+		}
 		ctx := context.Background()
 		clk := newClock()
 		name := uniqueName(t)
@@ -222,7 +225,10 @@ func TestRedissonReadsOurs(t *testing.T) {
 }
 
 func TestWeReadRedissons(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		if _, ok := rdb.(prefixed); ok {
+			t.Skip("spells out Redisson's key names for unprefixed names")
+		}
 		ctx := context.Background()
 		clk := newClock()
 		name := uniqueName(t)
