@@ -73,9 +73,10 @@ func (c Config) String() string {
 const (
 	defaultBuckets = 10
 	maxBuckets     = 1000
-	// maxExact bounds every product the scripts compute (times in microseconds,
-	// rate × interval, bucket indexes): Lua numbers are doubles, exact to 2^53.
-	maxExact = 1 << 53
+	// maxTolerance bounds a funnel's capacity in time (Burst × Interval / Rate,
+	// in µs): the scripts add it to now in µs (~2^50.6 today), and Lua numbers
+	// are doubles, exact to 2^53.
+	maxTolerance = 1 << 52
 	// maxInterval keeps now + interval, in microseconds, far inside maxExact.
 	maxInterval = 10 * 365 * 24 * time.Hour
 )
@@ -127,9 +128,8 @@ func (c Config) validate() error {
 	case d.Rate > intervalUS:
 		// The funnel's emission interval (Interval / Rate) must be at least 1µs.
 		return bad("rate %d per %v is finer than one permit per microsecond", d.Rate, d.Interval)
-	case d.Burst > maxExact/intervalUS:
-		// The funnel's capacity in time, Burst × Interval / Rate, must stay exact.
-		return bad("burst %d per %v is too large", d.Burst, d.Interval)
+	case d.Burst > maxTolerance/(intervalUS/d.Rate):
+		return bad("burst %d at %d per %v is too large", d.Burst, d.Rate, d.Interval)
 	case int64(d.Buckets) > d.Interval.Milliseconds():
 		return bad("%d buckets do not fit in %v at millisecond resolution", d.Buckets, d.Interval)
 	}

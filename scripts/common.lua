@@ -272,6 +272,14 @@ local function admin(algorithm, op)
       return 0
     end
     local new = given_config()
+    -- Check every state key before writing anything: bad state leaves all as it was.
+    for i = 4, #KEYS do
+      local t = redis.call('TYPE', KEYS[i])['ok']
+      local want = algorithm.types[(i - 4) % N + 1]
+      if t ~= 'none' and t ~= want then
+        fail('corrupt ' .. KEYS[i] .. ': a ' .. t .. ', not a ' .. want)
+      end
+    end
     write_config(algorithm.name, new)
     new.stored = true
     if old and old.type ~= new.type then
@@ -287,7 +295,7 @@ local function admin(algorithm, op)
 end
 
 -- run dispatches ARGV[1] to the algorithm or to the admin ops above.
--- algorithm: { name, keys (state keys per client), allow(cfg, keys, permits),
+-- algorithm: { name, keys (state keys per client), types (their Redis types), allow(cfg, keys, permits),
 -- release(cfg, keys, permits), settle(cfg, keys) (optional, after a rate change) }
 local function run(algorithm)
   N = algorithm.keys

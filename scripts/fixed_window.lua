@@ -9,9 +9,13 @@ local function load(cfg, key)
   local window = math.floor(NOW_MS / cfg.interval)
   local ends = (window + 1) * cfg.interval * 1000
   local f = call(key, 'HMGET', key, 'w', 'n')
+  local w, n = integer(key, 'w', f[1], 0, MAX), integer(key, 'n', f[2], 0, MAX)
+  if (w == nil) ~= (n == nil) then
+    fail('corrupt ' .. key .. ': half a window')
+  end
   local count = 0
-  if integer(key, 'w', f[1], 0, MAX) == window then
-    count = integer(key, 'n', f[2], 0, MAX) or 0
+  if w == window then
+    count = n
   end
   return window, ends, count
 end
@@ -63,4 +67,4 @@ local function release(cfg, keys, permits)
   return back
 end
 
-return run({ name = 'fixed_window', keys = 1, allow = allow, release = release })
+return run({ name = 'fixed_window', keys = 1, types = { 'hash' }, allow = allow, release = release })

@@ -65,4 +65,4 @@ local function release(cfg, keys, permits)
   return back
 end
 
-return run({ name = 'funnel', keys = 1, allow = allow, release = release })
+return run({ name = 'funnel', keys = 1, types = { 'string' }, allow = allow, release = release })

@@ -114,4 +114,4 @@ local function release(cfg, keys, permits)
   return permits - left
 end
 
-return run({ name = 'sliding_window', keys = 1, allow = allow, release = release })
+return run({ name = 'sliding_window', keys = 1, types = { 'hash' }, allow = allow, release = release })

@@ -160,4 +160,4 @@ local function settle(cfg, keys)
   save(cfg, keys, cfg.rate - sum(log, call(log, 'ZRANGE', log, 0, -1)))
 end
 
-return run({ name = 'tokenbucket', keys = 2, allow = allow, release = release, settle = settle })
+return run({ name = 'tokenbucket', keys = 2, types = { 'string', 'zset' }, allow = allow, release = release, settle = settle })

@@ -1,0 +1,207 @@
+package redlimit
+
+import (
+	"context"
+	"fmt"
+	"encoding/binary"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// commandLog records the names of the commands a client sends.
+type commandLog struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (*commandLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *commandLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := cmd.Name()
+		if args := cmd.Args(); name == "script" && len(args) > 1 {
+			name += " " + strings.ToLower(fmt.Sprint(args[1]))
+		}
+		h.mu.Lock()
+		h.names = append(h.names, name)
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (*commandLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *commandLog) sent() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.names...)
+}
+
+func scriptFlush(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if p, ok := rdb.(prefixed); ok {
+		rdb = p.UniversalClient
+	}
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		require.NoError(t, c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return n.ScriptFlush(ctx).Err() }))
+		return
+	}
+	require.NoError(t, rdb.ScriptFlush(ctx).Err())
+}
+
+// After SCRIPT FLUSH (as after a restart or a failover) EVALSHA answers
+// NOSCRIPT; the runtime reloads with SCRIPT LOAD, never EVAL, and retries once.
+func TestNoScriptReloads(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		logged := cloneClient(t, rdb)
+		log := &commandLog{}
+		logged.AddHook(log)
+		l := a.new(newClient(logged, newClock()), uniqueName(t)).WithDefault(tenPer10s)
+		for range 2 {
+			scriptFlush(t, rdb)
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			assert.True(t, ok)
+		}
+		sent := log.sent()
+		assert.Contains(t, sent, "script load")
+		for _, name := range sent {
+			assert.NotEqual(t, "eval", name, "never EVAL: %v", sent)
+		}
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(8), n)
+	})
+}
+
+// A Ring's ScriptLoad reaches one shard; the runtime loads every shard.
+func TestRing(t *testing.T) {
+	ctx := context.Background()
+	a, b := redistest.Start(t), redistest.Start(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.Addr(), "b": b.Addr()}})
+	t.Cleanup(func() { ring.Close() })
+	c := newClient(ring, newClock())
+	for round := range 2 {
+		for _, s := range []*redistest.Server{a, b} {
+			require.NoError(t, s.Client(t).ScriptFlush(ctx).Err())
+		}
+		for i := range 20 {
+			l := c.TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err, "round %d limiter %d", round, i)
+			assert.True(t, ok)
+		}
+	}
+	for _, s := range []*redistest.Server{a, b} {
+		assert.Positive(t, s.Client(t).DBSize(ctx).Val(), "limiters spread over both shards")
+	}
+}
+
+// An AutoPipeliner batches calls from many goroutines; NOSCRIPT inside a batch
+// is handled per call.
+func TestAutoPipeliner(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Shared(t).Client(t)
+	ap, err := rdb.AutoPipeline()
+	require.NoError(t, err)
+	t.Cleanup(func() { ap.Close() })
+	clk := newClock()
+	c := newClient(ap, clk)
+	for _, al := range algorithms {
+		t.Run(al.name, func(t *testing.T) {
+			l := al.new(c, uniqueName(t)).WithDefault(Per(100, time.Minute))
+			require.NoError(t, rdb.ScriptFlush(ctx).Err())
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			granted := 0
+			for range 16 {
+				wg.Go(func() {
+					for range 20 {
+						ok, err := l.TryAcquire(ctx, 1)
+						assert.NoError(t, err)
+						if ok {
+							mu.Lock()
+							granted++
+							mu.Unlock()
+						}
+					}
+				})
+			}
+			wg.Wait()
+			assert.Equal(t, 100, granted, "320 requests, exactly the 100 permits granted")
+		})
+	}
+}
+
+func FuzzParseResult(f *testing.F) {
+	f.Add([]byte{5, 1, 1, 1, 1, 1})
+	f.Add([]byte{2, 0, 3})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		reply := fuzzReply(&data, 0)
+		r, err := parseResult(reply)
+		if err == nil && (r.Limit < 0 && r.Limit != r.Limit) {
+			t.Fatal("unreachable")
+		}
+		_, _ = missingClients(reply)
+		var n [6]int64
+		if v, ok := reply.([]any); ok && len(v) == len(n) {
+			_ = integers(v, n[:])
+		}
+	})
+}
+
+// fuzzReply decodes bytes into a RESP-like reply: nil, int64, string, float
+// or a nested array.
+func fuzzReply(data *[]byte, depth int) any {
+	next := func() byte {
+		if len(*data) == 0 {
+			return 0
+		}
+		b := (*data)[0]
+		*data = (*data)[1:]
+		return b
+	}
+	switch next() % 6 {
+	case 0:
+		return nil
+	case 1:
+		var b [8]byte
+		for i := range b {
+			b[i] = next()
+		}
+		return int64(binary.LittleEndian.Uint64(b[:]))
+	case 2:
+		return strings.Repeat("x", int(next()%4))
+	case 3:
+		return float64(next()) / 3
+	case 4:
+		return "missing"
+	default:
+		if depth > 3 {
+			return nil
+		}
+		v := make([]any, next()%8)
+		for i := range v {
+			v[i] = fuzzReply(data, depth+1)
+		}
+		return v
+	}
+}
+
+func TestScriptsAreIntegersOnly(t *testing.T) {
+	// Redis truncates Lua floats in replies and real Redis prints numbers
+	// with %.14g when concatenated: no script may concatenate a number.
+	for _, s := range []*script{tokenBucket.script, funnel.script, fixedWindow.script, slidingWindow.script} {
+		assert.NotContains(t, s.src, "tostring(", s.name)
+		assert.NotContains(t, s.src, "#!lua", "%s: shebangs break miniredis and Dragonfly", s.name)
+	}
+}
