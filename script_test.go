@@ -2,8 +2,8 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"encoding/binary"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"

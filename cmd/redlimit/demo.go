@@ -1,0 +1,434 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redlimit/redlimit"
+)
+
+// demo runs N simulated instances of a service, each with its own
+// redlimit.Client, connection and client ID, sharing one limit through Redis;
+// changes the rate from one of them halfway; then shows what each got and
+// checks, window by window, that the shared limit held.
+func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("demo", "demo [flags]", `Runs simulated service instances, each with its own redlimit.Client, connection
+and client ID, sending bursty traffic to one shared limit. Halfway, one of them
+changes the rate (SetRate) and the others follow. Then it shows what each got,
+per instance and per second, and checks every second's grants against the
+limit in force; it exits 1 if the limit did not hold.
+`, stderr)
+	var be backend
+	be.addFlags(fs)
+	var s demoSettings
+	fs.IntVar(&s.instances, "instances", 4, "simulated service instances")
+	fs.DurationVar(&s.duration, "duration", 4*time.Second, "how long to send traffic")
+	fs.StringVar(&s.algorithm, "algorithm", "tokenbucket", "the limiter: "+strings.Join(algorithmNames(), ", "))
+	fs.Int64Var(&s.rate, "rate", 20, "permits per second, shared by all instances")
+	fs.Int64Var(&s.newRate, "new-rate", 10, "the rate one instance sets halfway through")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usageError(fs, "unexpected argument %q", fs.Arg(0))
+	case s.instances < 1 || s.instances > 64:
+		return usageError(fs, "-instances %d: want 1 to 64", s.instances)
+	case s.duration < 200*time.Millisecond || s.duration > 10*time.Minute:
+		return usageError(fs, "-duration %v: want 200ms to 10m", s.duration)
+	case !slices.Contains(algorithmNames(), s.algorithm):
+		return usageError(fs, "unknown algorithm %q: want one of %s", s.algorithm, strings.Join(algorithmNames(), ", "))
+	case s.rate < 1 || s.rate > 100_000 || s.newRate < 1 || s.newRate > 100_000:
+		return usageError(fs, "-rate %d, -new-rate %d: want 1 to 100000", s.rate, s.newRate)
+	}
+
+	if err := be.open(ctx); err != nil {
+		fmt.Fprintf(stderr, "redlimit demo: %v\n", err)
+		return exitFail
+	}
+	defer be.close()
+	fmt.Fprintf(stdout, "%d instances share one %s limit of %d per second on %v, for %v.\n",
+		s.instances, s.algorithm, s.rate, &be, s.duration)
+	fmt.Fprintf(stdout, "Halfway, instance-1 sets it to %d per second; the others are not told.\n\n", s.newRate)
+
+	r, err := runDemo(ctx, &be, s, newProgress(stdout, s.duration))
+	if err != nil {
+		fmt.Fprintf(stderr, "redlimit demo: %v\n", err)
+		return exitFail
+	}
+	if !r.report(stdout) {
+		return exitFail
+	}
+	return exitOK
+}
+
+type demoSettings struct {
+	instances     int
+	duration      time.Duration
+	algorithm     string
+	rate, newRate int64
+}
+
+func algorithmNames() []string {
+	names := make([]string, len(algorithms))
+	for i, a := range algorithms {
+		names[i] = a.name
+	}
+	return names
+}
+
+// tally counts one instance's decisions in one window of the limit.
+type tally struct {
+	granted, denied int
+	limits          []int64 // every Limit Redis reported in the window
+}
+
+func (t *tally) add(r redlimit.Result) {
+	if r.Allowed {
+		t.granted++
+	} else {
+		t.denied++
+	}
+	if !slices.Contains(t.limits, r.Limit) {
+		t.limits = append(t.limits, r.Limit)
+	}
+}
+
+// instanceResult is what one instance saw.
+type instanceResult struct {
+	id              string
+	granted, denied int
+	windows         map[int64]*tally // by window: Unix seconds
+	followed        time.Duration    // from the rate change to its first decision under the new rate; -1 never
+	lateOld         int              // decisions after the change still reporting the old rate
+	err             error
+}
+
+type demoResult struct {
+	settings  demoSettings
+	changedAt time.Time // the instant instance-1's SetRate decided on
+	instances []instanceResult
+}
+
+// runDemo runs the instances and waits for them.
+//
+// The instances decide on their own clock (WithClock(time.Now)) rather than
+// on Redis TIME only so that the demo knows the instant of every decision, and
+// so the window it fell in, to check the limit exactly. They share this
+// machine's clock, as WithClock requires.
+func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (demoResult, error) {
+	// The traffic stops at the deadline, but a decision under way is let
+	// finish and counted: dropping a grant would weaken the check.
+	traffic, stop := context.WithTimeout(ctx, s.duration)
+	defer stop()
+	name := uniqueName("redlimit-demo:")
+	cfg := redlimit.PerSecond(s.rate)
+	alg := algorithms[slices.Index(algorithmNames(), s.algorithm)]
+	result := demoResult{settings: s, instances: make([]instanceResult, s.instances)}
+	var change atomic.Pointer[rateChange]
+
+	var wg sync.WaitGroup
+	for i := range s.instances {
+		rdb := be.newClient()
+		defer rdb.Close()
+		var last time.Time // the instant of this instance's latest decision; only its goroutine uses it
+		client := redlimit.New(rdb,
+			redlimit.WithClock(func() time.Time { last = time.Now(); return last }),
+			redlimit.WithClientID(fmt.Sprintf("instance-%d", i+1)))
+		limiter := alg.limiter(client, name).WithDefault(cfg)
+		res := &result.instances[i]
+		*res = instanceResult{id: client.ClientID(), windows: map[int64]*tally{}, followed: -1}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			rng := rand.New(rand.NewPCG(uint64(i), uint64(start.UnixNano())))
+			for traffic.Err() == nil {
+				if i == 0 && change.Load() == nil && time.Since(start) >= s.duration/2 {
+					if err := limiter.SetRate(ctx, redlimit.PerSecond(s.newRate)); err != nil {
+						res.err = fmt.Errorf("SetRate: %w", err)
+						return
+					}
+					change.Store(&rateChange{at: last, done: time.Now()})
+					p.changed(last, s.newRate)
+				}
+				// A burst of requests as fast as they come, then a pause.
+				for n := 1 + rng.IntN(12); n > 0 && traffic.Err() == nil; n-- {
+					r, err := limiter.Allow(ctx, 1)
+					if err != nil {
+						res.err = err
+						return
+					}
+					res.record(last, r, change.Load(), s.rate, s.newRate)
+					p.count(r.Allowed)
+				}
+				select {
+				case <-traffic.Done():
+				case <-time.After(time.Duration(10+rng.IntN(140)) * time.Millisecond):
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	p.done()
+
+	if c := change.Load(); c != nil {
+		result.changedAt = c.at
+	}
+	rdb := be.newClient()
+	defer rdb.Close()
+	if _, err := alg.limiter(redlimit.New(rdb), name).Delete(context.Background()); err != nil {
+		return result, fmt.Errorf("deleting the demo's limiter: %w", err)
+	}
+	for _, r := range result.instances {
+		if r.err != nil {
+			return result, fmt.Errorf("%s: %w", r.id, r.err)
+		}
+	}
+	return result, nil
+}
+
+// rateChange is when instance-1's SetRate decided (at), and when its reply
+// came back (done). A decision timed between the two may have reached Redis
+// before the change or after it; one timed after done was sent after the
+// change was made, and must follow it.
+type rateChange struct{ at, done time.Time }
+
+func (r *instanceResult) record(at time.Time, res redlimit.Result, change *rateChange, oldRate, newRate int64) {
+	if res.Allowed {
+		r.granted++
+	} else {
+		r.denied++
+	}
+	window := at.Unix() // windows of one second, aligned to the epoch as fixed windows are
+	if r.windows[window] == nil {
+		r.windows[window] = &tally{}
+	}
+	r.windows[window].add(res)
+	if change != nil && at.After(change.at) {
+		switch {
+		case res.Limit == newRate && r.followed < 0:
+			r.followed = at.Sub(change.at)
+		case res.Limit == oldRate && oldRate != newRate && at.After(change.done):
+			r.lateOld++
+		}
+	}
+}
+
+// report prints the tables and the verdict, and reports whether all held.
+func (d demoResult) report(w io.Writer) bool {
+	s := d.settings
+	ok := true
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "Per instance:")
+	fmt.Fprintln(tw, "instance\tgranted\tdenied\tfirst decided under the new rate")
+	for i, r := range d.instances {
+		followed := "set it"
+		switch {
+		case i == 0:
+		case r.followed < 0:
+			followed = "no decision after the change"
+		default:
+			followed = fmt.Sprintf("%v after the change", r.followed.Round(time.Microsecond))
+		}
+		if r.lateOld > 0 {
+			followed += fmt.Sprintf("; then %d decisions still under the old rate", r.lateOld)
+			ok = false
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", r.id, r.granted, r.denied, followed)
+	}
+	tw.Flush()
+
+	// Merge the instances' windows, then check each against the limit Redis
+	// reported in it: either rate, or both in the window of the change, where
+	// the higher one applies (usage so far counts against the new rate).
+	windows := map[int64]*tally{}
+	for _, r := range d.instances {
+		for at, t := range r.windows {
+			if windows[at] == nil {
+				windows[at] = &tally{}
+			}
+			windows[at].granted += t.granted
+			windows[at].denied += t.denied
+			for _, l := range t.limits {
+				if !slices.Contains(windows[at].limits, l) {
+					windows[at].limits = append(windows[at].limits, l)
+				}
+			}
+		}
+	}
+	showInstances := len(d.instances) <= 8
+	fmt.Fprintf(tw, "\nPer second (the limit's windows; the first and last are partial):\n")
+	header := "second\tlimit\tat most\tgranted\tdenied"
+	if showInstances {
+		for _, r := range d.instances {
+			header += "\t" + r.id
+		}
+	}
+	fmt.Fprintln(tw, header+"\theld")
+	exceeded := 0
+	for _, at := range slices.Sorted(mapsKeys(windows)) {
+		t := windows[at]
+		limit := slices.Max(t.limits)
+		bound := limit
+		if s.algorithm == "funnel" {
+			bound = 2 * limit // a full funnel (Burst = Rate) plus what drains in a second
+		}
+		held := "yes"
+		if int64(t.granted) > bound {
+			held = "NO"
+			exceeded++
+		}
+		for _, l := range t.limits {
+			if l != s.rate && l != s.newRate {
+				held += fmt.Sprintf(" (Redis reported a limit of %d)", l)
+				exceeded++
+			}
+		}
+		limits := ""
+		for _, l := range t.limits {
+			limits += fmt.Sprintf("/%d", l)
+		}
+		row := fmt.Sprintf("%s\t%s\t%d\t%d\t%d", time.Unix(at, 0).Format("15:04:05"), limits[1:], bound, t.granted, t.denied)
+		if showInstances {
+			for _, r := range d.instances {
+				n := 0
+				if rt := r.windows[at]; rt != nil {
+					n = rt.granted
+				}
+				row += fmt.Sprintf("\t%d", n)
+			}
+		}
+		if !d.changedAt.IsZero() && d.changedAt.Unix() == at {
+			held += "   ← SetRate"
+		}
+		fmt.Fprintln(tw, row+"\t"+held)
+	}
+	tw.Flush()
+	if s.algorithm == "funnel" {
+		fmt.Fprintln(w, "(A funnel takes a burst of Rate, then drains Rate per second: at most twice the rate in one second.)")
+	}
+
+	silent := 0 // instances with no decision after the change: their following is unchecked
+	for _, r := range d.instances[1:] {
+		if r.followed < 0 {
+			silent++
+		}
+	}
+
+	fmt.Fprintln(w)
+	switch {
+	case exceeded > 0:
+		fmt.Fprintf(w, "FAILED: the shared limit did not hold in %d of %d windows.\n", exceeded, len(windows))
+		ok = false
+	case !ok:
+		fmt.Fprintln(w, "FAILED: an instance kept deciding under the old rate after the change.")
+	case len(windows) == 0 || d.changedAt.IsZero() || silent > 0:
+		fmt.Fprintln(w, "FAILED: too little traffic to check: no rate change, or an instance silent after it. Try a longer -duration.")
+		ok = false
+	default:
+		fmt.Fprintf(w, "The shared limit held: in each of the %d windows, the instances together got no more than the limit in force,\n", len(windows))
+		fmt.Fprintln(w, "and every instance followed the new rate as soon as it was set.")
+	}
+	return ok
+}
+
+func mapsKeys(m map[int64]*tally) func(func(int64) bool) {
+	return func(yield func(int64) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// progress shows the run as it goes: redrawn in place on a terminal, a line
+// a second otherwise.
+type progress struct {
+	w               io.Writer
+	terminal        bool
+	length          time.Duration
+	start           time.Time
+	granted, denied atomic.Int64
+	mu              sync.Mutex // serialises writes to w
+	stop, stopped   chan struct{}
+}
+
+func newProgress(w io.Writer, length time.Duration) *progress {
+	p := &progress{w: w, terminal: isTerminal(w), length: length, start: time.Now(),
+		stop: make(chan struct{}), stopped: make(chan struct{})}
+	every := time.Second
+	if p.terminal {
+		every = 100 * time.Millisecond
+	}
+	go func() {
+		defer close(p.stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+				p.draw(false)
+			}
+		}
+	}()
+	return p
+}
+
+func (p *progress) count(allowed bool) {
+	if allowed {
+		p.granted.Add(1)
+	} else {
+		p.denied.Add(1)
+	}
+}
+
+// draw shows the counts so far; final draws the finished run.
+func (p *progress) draw(final bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	elapsed := min(time.Since(p.start), p.length)
+	if final {
+		elapsed = p.length
+	}
+	line := fmt.Sprintf("%5.1fs / %v  granted %d  denied %d", elapsed.Seconds(), p.length, p.granted.Load(), p.denied.Load())
+	if p.terminal {
+		const width = 30
+		done := int(width * elapsed / p.length)
+		fmt.Fprintf(p.w, "\r  [%s%s]  %s", strings.Repeat("=", done), strings.Repeat(" ", width-done), line)
+		return
+	}
+	if final || elapsed < p.length { // the last line is the final one
+		fmt.Fprintln(p.w, "  "+line)
+	}
+}
+
+func (p *progress) changed(at time.Time, rate int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.terminal {
+		fmt.Fprint(p.w, "\r\033[K") // clear the progress line, redrawn on the next tick
+	}
+	fmt.Fprintf(p.w, "  %s  instance-1: SetRate(%d per second)\n", at.Format("15:04:05.000"), rate)
+}
+
+func (p *progress) done() {
+	close(p.stop)
+	<-p.stopped
+	p.draw(true)
+	if p.terminal {
+		fmt.Fprintln(p.w)
+	}
+	fmt.Fprintln(p.w)
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// runCommand runs the program in-process, as `redlimit args…` would.
+func runCommand(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		args     []string
+		code     int
+		inOutput string // stdout and stderr together
+	}{
+		{nil, exitUsage, "Usage:"},
+		{[]string{"-h"}, exitOK, "redlimit demo"},
+		{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+		{[]string{"demo", "-h"}, exitOK, "-instances"},
+		{[]string{"demo", "-instances", "0"}, exitUsage, "-instances 0: want 1 to 64"},
+		{[]string{"demo", "-algorithm", "leaky"}, exitUsage, `unknown algorithm "leaky"`},
+		{[]string{"demo", "-nosuchflag"}, exitUsage, "flag provided but not defined"},
+		{[]string{"demo", "--redis", "redis://x", "--cluster", "y:1"}, exitFail, "cannot be used together"},
+		{[]string{"demo", "--redis", "http://x"}, exitFail, "--redis: "},
+		{[]string{"throttle", "-h"}, exitOK, "CL.THROTTLE"},
+		{[]string{"throttle", "k", "4", "1"}, exitUsage, "want 4 or 5 arguments, got 3"},
+		{[]string{"throttle", "k", "four", "1", "1"}, exitUsage, `MAX_BURST "four" is not an integer`},
+		{[]string{"throttle", "k", "4", "1", "soon"}, exitUsage, `PERIOD "soon"`},
+		{[]string{"throttle", "k", "4", "0", "1"}, exitFail, "invalid config"},
+		{[]string{"compare", "-h"}, exitOK, "-pattern"},
+		{[]string{"compare", "-pattern", "sine"}, exitUsage, `unknown pattern "sine": want one of edge, ramp, steady`},
+		{[]string{"compare", "-out", "chart.jpg"}, exitUsage, "want a .png or .svg file"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			code, stdout, stderr := runCommand(t, tt.args...)
+			if code != tt.code || !strings.Contains(stdout+stderr, tt.inOutput) {
+				t.Errorf("exit %d, want %d; output should contain %q:\n%s%s", code, tt.code, tt.inOutput, stdout, stderr)
+			}
+		})
+	}
+}
+
+// TestThrottle: redis-cell's worked example, max_burst 4 and 1 per second,
+// sent seven times within a second: five grants, then limited.
+func TestThrottle(t *testing.T) {
+	code, stdout, stderr := runCommand(t, "throttle", "-r", "7", "user123", "4", "1", "1")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var want strings.Builder
+	for _, reply := range [][5]int{{0, 5, 4, -1, 1}, {0, 5, 3, -1, 2}, {0, 5, 2, -1, 3}, {0, 5, 1, -1, 4}, {0, 5, 0, -1, 5}, {1, 5, 0, 1, 5}, {1, 5, 0, 1, 5}} {
+		for i, v := range reply {
+			fmt.Fprintf(&want, "%d) (integer) %d\n", i+1, v)
+		}
+	}
+	if stdout != want.String() {
+		t.Errorf("got\n%s\nwant\n%s", stdout, want.String())
+	}
+}
+
+// TestSimulate checks what the chart shows, exactly: the controlled clock
+// makes every run the same.
+func TestSimulate(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	type counts struct{ total, busiest int }
+	tests := []struct {
+		pattern string
+		want    map[string]counts
+	}{
+		// The fixed window passes 2× across the edge; the funnel takes its
+		// burst of 10 and drains 1 per 100ms through the rest of the burst.
+		{"edge", map[string]counts{"fixed_window": {40, 20}, "sliding_window": {20, 10}, "tokenbucket": {20, 10}, "funnel": {30, 15}}},
+		// Offered twice the limit: 10 a second pass; the funnel fills up over
+		// the first 0.95s (19 grants), then passes one every 100ms.
+		{"steady", map[string]counts{"fixed_window": {40, 10}, "sliding_window": {40, 10}, "tokenbucket": {40, 10}, "funnel": {49, 19}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.pattern, func(t *testing.T) {
+			c, err := simulate(context.Background(), rdb, tt.pattern, redlimit.PerSecond(10), 4*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range c.results {
+				if got := (counts{r.total, r.busiest}); got != tt.want[r.name] {
+					t.Errorf("%s: %+v, want %+v", r.name, got, tt.want[r.name])
+				}
+				if len(r.granted) != 40 || len(r.rolling) != 40 {
+					t.Errorf("%s: %d ticks, want 40", r.name, len(r.granted))
+				}
+			}
+			// Only the replay markers are left, expiring on their own.
+			for _, key := range m.Keys() {
+				if !strings.Contains(key, ":request:") {
+					t.Errorf("key left behind: %s", key)
+				}
+			}
+		})
+	}
+}
+
+func TestCompareDrawsCharts(t *testing.T) {
+	dir := t.TempDir()
+	for _, file := range []string{"chart.png", "chart.svg"} {
+		path := filepath.Join(dir, file)
+		code, stdout, stderr := runCommand(t, "compare", "-pattern", "edge", "-windows", "2", "-out", path)
+		if code != exitOK {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		for _, want := range []string{
+			"fixed window: counts per window",
+			"20 granted; at most 20 in any 1s (limit 10)",
+			"Chart written to " + path,
+		} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("output lacks %q:\n%s", want, stdout)
+			}
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if file == "chart.png" {
+			cfg, err := png.DecodeConfig(f)
+			if err != nil || cfg.Width < 600 || cfg.Height < 1000 {
+				t.Errorf("PNG %dx%d, %v", cfg.Width, cfg.Height, err)
+			}
+		} else if b, _ := os.ReadFile(path); !bytes.Contains(b, []byte("<svg")) {
+			t.Errorf("%s is not an SVG", path)
+		}
+	}
+}
+
+func TestDemo(t *testing.T) {
+	for _, algorithm := range []string{"tokenbucket", "funnel", "fixed_window", "sliding_window"} {
+		t.Run(algorithm, func(t *testing.T) {
+			t.Parallel() // mostly waiting: the instances pause between bursts
+			code, stdout, stderr := runCommand(t, "demo", "-instances", "3", "-duration", "1s", "-algorithm", algorithm)
+			checkDemo(t, code, stdout, stderr)
+		})
+	}
+}
+
+func TestDemoOnRedis(t *testing.T) {
+	s := redistest.Shared(t)
+	code, stdout, stderr := runCommand(t, "demo", "--redis", "redis://"+s.Addr(), "-instances", "2", "-duration", "1s")
+	checkDemo(t, code, stdout, stderr)
+}
+
+func TestDemoOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a six-node Redis Cluster")
+	}
+	c := redistest.SharedCluster(t)
+	code, stdout, stderr := runCommand(t, "demo", "--cluster", strings.Join(c.Addrs(), ","), "-instances", "2", "-duration", "1s")
+	checkDemo(t, code, stdout, stderr)
+}
+
+func checkDemo(t *testing.T, code int, stdout, stderr string) {
+	t.Helper()
+	if code != exitOK || !strings.Contains(stdout, "The shared limit held") {
+		t.Errorf("exit %d\n%s%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"instance-1: SetRate(10 per second)", "← SetRate"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+// TestDemoCheckFails: the check is real, not assumed. A window with more
+// grants than the limit in force, or an instance still deciding under the old
+// rate after the change, fails the demo.
+func TestDemoCheckFails(t *testing.T) {
+	second := time.Unix(1_800_000_000, 0)
+	change := rateChange{at: second.Add(500 * time.Millisecond), done: second.Add(501 * time.Millisecond)}
+	settings := demoSettings{instances: 2, algorithm: "fixed_window", rate: 20, newRate: 10}
+	decide := func(r *instanceResult, at time.Time, allowed bool, limit int64) {
+		r.record(at, redlimit.Result{Allowed: allowed, Limit: limit}, &change, settings.rate, settings.newRate)
+	}
+	newInstance := func(id string) instanceResult {
+		return instanceResult{id: id, windows: map[int64]*tally{}, followed: -1}
+	}
+
+	t.Run("too many grants", func(t *testing.T) {
+		a, b := newInstance("instance-1"), newInstance("instance-2")
+		for range 8 {
+			decide(&a, second.Add(time.Second+100*time.Millisecond), true, 10)
+			decide(&b, second.Add(time.Second+200*time.Millisecond), true, 10)
+		}
+		var out bytes.Buffer
+		if (demoResult{settings: settings, changedAt: change.at, instances: []instanceResult{a, b}}).report(&out) {
+			t.Errorf("16 grants against a limit of 10 held:\n%s", out.String())
+		}
+		if !strings.Contains(out.String(), "FAILED: the shared limit did not hold in 1 of 1 windows") {
+			t.Errorf("no failure reported:\n%s", out.String())
+		}
+	})
+	t.Run("old rate after the change", func(t *testing.T) {
+		a, b := newInstance("instance-1"), newInstance("instance-2")
+		decide(&a, second.Add(600*time.Millisecond), true, 10)
+		decide(&b, second.Add(500500*time.Microsecond), true, 20) // in flight during the change: fine
+		decide(&b, second.Add(700*time.Millisecond), true, 20)    // after it: not fine
+		var out bytes.Buffer
+		if (demoResult{settings: settings, changedAt: change.at, instances: []instanceResult{a, b}}).report(&out) {
+			t.Errorf("an instance ignoring the change held:\n%s", out.String())
+		}
+		if !strings.Contains(out.String(), "then 1 decisions still under the old rate") {
+			t.Errorf("no failure reported:\n%s", out.String())
+		}
+	})
+}

@@ -1,0 +1,56 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/httplimit"
+)
+
+// Two requests a minute per client IP, shared by every instance of the
+// service. Behind a load balancer on 10.0.0.0/8, the client is read from
+// X-Forwarded-For.
+func ExampleNew() {
+	mr, _ := miniredis.Run() // stands in for your Redis
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	now := func() time.Time { return time.Unix(1_800_000_030, 0) } // fixed, for a stable output
+	client := redlimit.New(rdb, redlimit.WithClock(now))
+
+	cfg := redlimit.PerMinute(2)
+	limit := httplimit.New(func(ip string) *redlimit.Limiter {
+		return client.FixedWindow("api:" + ip).WithDefault(cfg)
+	},
+		httplimit.Window(cfg.Interval),
+		httplimit.ClientIP("X-Forwarded-For", netip.MustParsePrefix("10.0.0.0/8")),
+	)
+	handler := limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello\n")
+	}))
+
+	for range 3 {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.RemoteAddr = "10.1.2.3:40000" // the load balancer
+		req.Header.Set("X-Forwarded-For", "203.0.113.9")
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"))
+		if wait := rec.Header().Get("Retry-After"); wait != "" {
+			fmt.Println("Retry-After:", wait)
+		}
+	}
+	// Output:
+	// 200 "default";q=2;w=60 "default";r=1;t=30
+	// 200 "default";q=2;w=60 "default";r=0;t=30
+	// 429 "default";q=2;w=60 "default";r=0;t=30
+	// Retry-After: 30
+}

@@ -1,0 +1,137 @@
+package redlimitotel_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/redlimit/redlimit"
+	redlimitotel "github.com/redlimit/redlimit/otel"
+)
+
+// series names a time series by its attributes: limiter/algorithm/outcome.
+func series(set attribute.Set) string {
+	get := func(k attribute.Key) string { v, _ := set.Value(k); return v.AsString() }
+	return get(redlimitotel.LimiterKey) + "/" + get(redlimitotel.AlgorithmKey) + "/" + get(redlimitotel.OutcomeKey)
+}
+
+// collect reads what the SDK aggregated: the counter's value and the
+// histogram's data point per series.
+func collect(t *testing.T, reader sdkmetric.Reader) (map[string]int64, map[string]metricdata.HistogramDataPoint[float64]) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int64{}
+	histograms := map[string]metricdata.HistogramDataPoint[float64]{}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != redlimitotel.ScopeName {
+			t.Errorf("scope %q", sm.Scope.Name)
+		}
+		for _, m := range sm.Metrics {
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				if m.Name != redlimitotel.DecisionsName || m.Unit != "{decision}" || !data.IsMonotonic {
+					t.Errorf("counter %q unit %q monotonic %v", m.Name, m.Unit, data.IsMonotonic)
+				}
+				for _, dp := range data.DataPoints {
+					counts[series(dp.Attributes)] = dp.Value
+				}
+			case metricdata.Histogram[float64]:
+				if m.Name != redlimitotel.DurationName || m.Unit != "s" {
+					t.Errorf("histogram %q unit %q", m.Name, m.Unit)
+				}
+				for _, dp := range data.DataPoints {
+					histograms[series(dp.Attributes)] = dp
+				}
+			default:
+				t.Errorf("unexpected metric %q: %T", m.Name, m.Data)
+			}
+		}
+	}
+	return counts, histograms
+}
+
+// TestDecisionsOnRedis counts real decisions of every outcome.
+func TestDecisionsOnRedis(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	observe, err := redlimitotel.Observer(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	client := redlimit.New(rdb, redlimit.WithObserver(observe), redlimit.WithPrefix("app:"))
+	ctx := context.Background()
+
+	window := client.FixedWindow("login").WithDefault(redlimit.PerMinute(2))
+	for range 5 { // 2 allowed, 3 denied
+		if _, err := window.Allow(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client.TokenBucket("unset").Allow(ctx, 1); !errors.Is(err, redlimit.ErrNotInitialized) {
+		t.Fatalf("error %v, want ErrNotInitialized", err)
+	}
+	if _, err := client.Throttle(ctx, "cell", 0, 1, time.Minute, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	counts, histograms := collect(t, reader)
+	want := map[string]int64{
+		"app:login/fixed_window/allowed": 2,
+		"app:login/fixed_window/denied":  3,
+		"app:unset/tokenbucket/error":    1,
+		"app:cell/funnel/allowed":        1,
+	}
+	if !maps.Equal(counts, want) {
+		t.Errorf("decisions %v, want %v", counts, want)
+	}
+	for name, n := range want {
+		h := histograms[name]
+		if h.Count != uint64(n) {
+			t.Errorf("%s: %d durations recorded, want %d", name, h.Count, n)
+		}
+	}
+}
+
+// TestDurations feeds decisions of known latency, to check the buckets and
+// the limiter name mapping.
+func TestDurations(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	observe, err := redlimitotel.Observer(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		redlimitotel.WithLimiterName(func(name string) string { return "api" }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, latency := range []time.Duration{50 * time.Microsecond, 300 * time.Microsecond, 400 * time.Microsecond, 2 * time.Second} {
+		observe(redlimit.Decision{Limiter: "api:203.0.113.9", Algorithm: "sliding_window", Permits: 1,
+			Result: redlimit.Result{Allowed: true}, Latency: latency})
+	}
+
+	counts, histograms := collect(t, reader)
+	if want := map[string]int64{"api/sliding_window/allowed": 4}; !maps.Equal(counts, want) {
+		t.Errorf("decisions %v, want %v", counts, want)
+	}
+	h := histograms["api/sliding_window/allowed"]
+	wantBounds := []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+	// ≤100µs, ≤250µs, ≤500µs … and one past the last bound.
+	wantCounts := []uint64{1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}
+	if !slices.Equal(h.Bounds, wantBounds) || !slices.Equal(h.BucketCounts, wantCounts) {
+		t.Errorf("bounds %v counts %v\nwant %v %v", h.Bounds, h.BucketCounts, wantBounds, wantCounts)
+	}
+	if h.Count != 4 || h.Sum != 2.00075 {
+		t.Errorf("count %d sum %v, want 4 and 2.00075", h.Count, h.Sum)
+	}
+}
