@@ -7,4 +7,4 @@ package redlimit
 // Interval that straddles a window edge.
 func (c *Client) FixedWindow(name string) *Limiter { return c.limiter(name, fixedWindow) }
 
-var fixedWindow = algorithm{script: newScript("fixed_window.lua"), state: []string{"window"}}
+var fixedWindow = newAlgorithm("fixed_window.lua", "window")

@@ -56,9 +56,11 @@ type Client struct {
 	clientID    string
 	retryWindow time.Duration
 	observe     func(Decision)
-	denials     *denials // nil unless WithLocalCache
-	failOpen    bool
-	sleep       func(ctx context.Context, d time.Duration) error
+	// clientID and retryWindow as script arguments, boxed once.
+	clientIDArg, retryWindowArg any
+	denials                     *denials // nil unless WithLocalCache
+	failOpen                    bool
+	sleep                       func(ctx context.Context, d time.Duration) error
 }
 
 // Option configures a Client.
@@ -122,6 +124,7 @@ func New(rdb redis.Scripter, opts ...Option) *Client {
 	for _, opt := range opts {
 		opt(c)
 	}
+	c.clientIDArg, c.retryWindowArg = c.clientID, c.retryWindow.Milliseconds()
 	return c
 }
 
@@ -140,6 +143,10 @@ func (c *Client) clock() time.Time {
 type algorithm struct {
 	script *script
 	state  []string
+}
+
+func newAlgorithm(file string, state ...string) algorithm {
+	return algorithm{script: newScript(file, len(state)), state: state}
 }
 
 // Limiter is a handle on one named limit in Redis. It holds no state of its
@@ -240,7 +247,7 @@ func (l *Limiter) Allow(ctx context.Context, permits int64) (Result, error) {
 	if permits < 0 {
 		return Result{}, fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
 	}
-	return l.decide(ctx, request{op: "allow", n: permits})
+	return l.decide(ctx, request{op: opAllow, n: permits})
 }
 
 // decide runs an allow request, through the local cache when there is one,
@@ -348,13 +355,13 @@ func (l *Limiter) Release(ctx context.Context, permits int64) error {
 		return nil
 	}
 	defer l.forgetDenial()
-	_, err := l.eval(ctx, request{op: "release", n: permits})
+	_, err := l.eval(ctx, request{op: opRelease, n: permits})
 	return err
 }
 
 // Config returns the stored config, or the handle's default when none is stored.
 func (l *Limiter) Config(ctx context.Context) (Config, error) {
-	reply, err := l.eval(ctx, request{op: "get"})
+	reply, err := l.eval(ctx, request{op: opGet})
 	if err != nil {
 		return Config{}, err
 	}
@@ -377,35 +384,35 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 
 // TrySetRate stores cfg unless a config is stored already, and reports whether it did.
 func (l *Limiter) TrySetRate(ctx context.Context, cfg Config) (bool, error) {
-	return l.setRate(ctx, "tryset", cfg)
+	return l.setRate(ctx, opTrySet, cfg)
 }
 
 // SetRate stores cfg, replacing any stored config. Usage so far is kept, and
 // counts against the new rate; changing Type clears it.
 func (l *Limiter) SetRate(ctx context.Context, cfg Config) error {
-	_, err := l.setRate(ctx, "set", cfg)
+	_, err := l.setRate(ctx, opSet, cfg)
 	return err
 }
 
-func (l *Limiter) setRate(ctx context.Context, op string, cfg Config) (bool, error) {
+func (l *Limiter) setRate(ctx context.Context, op any, cfg Config) (bool, error) {
 	if err := cfg.validate(); err != nil {
 		return false, err
 	}
 	defer l.forgetDenial()
-	return l.everyClient(ctx, request{op: op, source: "new", config: cfg.args()})
+	return l.everyClient(ctx, request{op: op, source: sourceNew, config: cfg.args()})
 }
 
 // Reset forgets every client's usage and keeps the config.
 func (l *Limiter) Reset(ctx context.Context) error {
 	defer l.forgetDenial()
-	_, err := l.everyClient(ctx, request{op: "reset"})
+	_, err := l.everyClient(ctx, request{op: opReset})
 	return err
 }
 
 // Delete removes every key of the limiter, every client's, and reports whether there were any.
 func (l *Limiter) Delete(ctx context.Context) (bool, error) {
 	defer l.forgetDenial()
-	return l.everyClient(ctx, request{op: "delete"})
+	return l.everyClient(ctx, request{op: opDelete})
 }
 
 // Expire makes every key of the limiter expire within ttl (keys due to expire
@@ -414,7 +421,7 @@ func (l *Limiter) Delete(ctx context.Context) (bool, error) {
 func (l *Limiter) Expire(ctx context.Context, ttl time.Duration) (bool, error) {
 	ms := max(0, (ttl+time.Millisecond-1)/time.Millisecond)
 	defer l.forgetDenial()
-	return l.everyClient(ctx, request{op: "expire", n: int64(ms)})
+	return l.everyClient(ctx, request{op: opExpire, n: int64(ms)})
 }
 
 // ExpireAt is Expire until at, measured on the Client's clock.
@@ -425,7 +432,7 @@ func (l *Limiter) ExpireAt(ctx context.Context, at time.Time) (bool, error) {
 // ClearExpire removes the config's expiry (state keys keep theirs: they expire
 // once the limiter is full again) and reports whether it had one.
 func (l *Limiter) ClearExpire(ctx context.Context) (bool, error) {
-	reply, err := l.eval(ctx, request{op: "persist"})
+	reply, err := l.eval(ctx, request{op: opPersist})
 	return reply == int64(1), err
 }
 
@@ -433,7 +440,7 @@ func (l *Limiter) ClearExpire(ctx context.Context) (bool, error) {
 // -1 when it does not expire, -2 when the limiter has no key. Without a stored
 // config it is the longest-lived state key's.
 func (l *Limiter) RemainTimeToLive(ctx context.Context) (time.Duration, error) {
-	reply, err := l.eval(ctx, request{op: "ttl"})
+	reply, err := l.eval(ctx, request{op: opTTL})
 	if err != nil {
 		return 0, err
 	}
@@ -449,12 +456,22 @@ func (l *Limiter) RemainTimeToLive(ctx context.Context) (time.Duration, error) {
 
 // request is one script call.
 type request struct {
-	op      string
+	op      any      // one of the ops below
 	n       int64    // permits, or milliseconds for expire
-	source  string   // of config: "" the stored one or the handle's default, "new" (set), "fixed" (Throttle)
-	config  []any    // with source "new" or "fixed"
+	source  any      // of config: nil (the stored one, else the handle's default), sourceNew or sourceFixed
+	config  []any    // with sourceNew or sourceFixed
 	clients []string // other clients whose keys the op must reach
 }
+
+// The scripts' ops and config sources, boxed once: converting a string to
+// an interface on every call would allocate.
+var (
+	opAllow, opRelease, opGet, opSet, opTrySet    any = "allow", "release", "get", "set", "tryset"
+	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
+
+	sourceNone, sourceDefault, sourceNew, sourceFixed any = "", "default", "new", "fixed"
+	noConfig                                              = []any{"", "", "", "", "", ""}
+)
 
 // eval runs the limiter's script once: the one road from every method to Redis.
 func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
@@ -465,29 +482,35 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		return nil, fmt.Errorf("redlimit: %w", err)
 	}
 	c := l.client
-	keys := make([]string, len(l.keys), len(l.keys)+len(req.clients)*len(l.alg.state))
-	copy(keys, l.keys)
-	var id string
-	if (req.op == "allow" && req.n > 0) || req.op == "release" {
+	counts := (req.op == opAllow && req.n > 0) || req.op == opRelease
+	keys := l.keys
+	if counts || len(req.clients) > 0 {
+		keys = make([]string, len(l.keys), len(l.keys)+len(req.clients)*len(l.alg.state))
+		copy(keys, l.keys)
+	}
+	var id any = ""
+	if counts {
+		// The request ID names the replay marker (binary keys are fine) and,
+		// in the token bucket, the grant's record.
 		var raw [16]byte
 		binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
 		binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
-		id = string(raw[:])
-		keys[2] = l.requestKey + hex.EncodeToString(raw[:])
+		keys[2] = l.requestKey + string(raw[:])
+		id = keys[2][len(l.requestKey):]
 	}
 	var now any = ""
 	if c.now != nil {
 		now = c.now().UnixMicro()
 	}
 	source, config := req.source, req.config
-	if source == "" && l.defaults != nil {
-		source, config = "default", l.defaults
+	if source == nil {
+		source, config = sourceNone, noConfig
+		if l.defaults != nil {
+			source, config = sourceDefault, l.defaults
+		}
 	}
 	args := make([]any, 0, 13+len(req.clients))
-	args = append(args, req.op, now, req.n, c.clientID, id, c.retryWindow.Milliseconds(), source)
-	if config == nil {
-		args = append(args, "", "", "", "", "", "")
-	}
+	args = append(args, req.op, now, req.n, c.clientIDArg, id, c.retryWindowArg, source)
 	args = append(args, config...)
 	for _, other := range req.clients {
 		keys = append(keys, l.stateKeys(other)...)
@@ -515,7 +538,7 @@ func (l *Limiter) everyClient(ctx context.Context, req request) (bool, error) {
 		}
 		return n == 1, nil
 	}
-	return false, fmt.Errorf("redlimit: %s %s: clients kept appearing", req.op, l.name)
+	return false, fmt.Errorf("redlimit: %v %s: clients kept appearing", req.op, l.name)
 }
 
 func missingClients(reply any) ([]string, bool) {

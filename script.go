@@ -15,15 +15,16 @@ import (
 //go:embed scripts/*.lua
 var scriptFiles embed.FS
 
-// script is one algorithm's Lua: scripts/common.lua followed by the
-// algorithm's own file. It is the only place that talks to Redis.
+// script is one algorithm's Lua: a header naming it, scripts/common.lua, the
+// algorithm's own file and scripts/admin.lua. It is the only place that talks
+// to Redis.
 type script struct {
 	name string
 	src  string
 	sha  string
 }
 
-func newScript(file string) *script {
+func newScript(file string, stateKeys int) *script {
 	read := func(name string) string {
 		b, err := scriptFiles.ReadFile("scripts/" + name)
 		if err != nil {
@@ -31,9 +32,11 @@ func newScript(file string) *script {
 		}
 		return string(b)
 	}
-	src := read("common.lua") + "\n" + read(file)
+	name := strings.TrimSuffix(file, ".lua")
+	header := fmt.Sprintf("local ALGORITHM, N = '%s', %d\n", name, stateKeys)
+	src := header + read("common.lua") + read(file) + read("admin.lua")
 	sum := sha1.Sum([]byte(src))
-	return &script{name: strings.TrimSuffix(file, ".lua"), src: src, sha: hex.EncodeToString(sum[:])}
+	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
 // run executes the script with EVALSHA. A server without it (restarted, failed
@@ -69,7 +72,7 @@ func isNoScript(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
-// scriptError turns the scripts' "REDLIMIT <kind> <detail>" replies into
+// scriptError turns the scripts' "REDLIMIT <kind> <detail>" errors into
 // sentinel errors. Any other error means Redis could not decide: it wraps
 // ErrUnavailable and the cause, except the caller's own context ending.
 func scriptError(err error) error {
@@ -77,10 +80,20 @@ func scriptError(err error) error {
 		return fmt.Errorf("redlimit: %w", err)
 	}
 	var rerr redis.Error
-	if !errors.As(err, &rerr) || !strings.HasPrefix(rerr.Error(), "REDLIMIT ") {
+	if !errors.As(err, &rerr) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	detail := strings.TrimPrefix(rerr.Error(), "REDLIMIT ")
+	// Redis answers "ERR REDLIMIT … script: <sha>, on @user_script:<line>.",
+	// miniredis "ERR Error compiling script (new function): REDLIMIT … stack traceback: …".
+	_, detail, ours := strings.Cut(rerr.Error(), "REDLIMIT ")
+	if !ours {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	for _, trailer := range []string{" script: ", " stack traceback:"} {
+		if at := strings.LastIndex(detail, trailer); at >= 0 {
+			detail = detail[:at]
+		}
+	}
 	sentinel := ErrCorruptState
 	switch kind, _, _ := strings.Cut(detail, " "); kind {
 	case "not":

@@ -35,16 +35,15 @@ local function allow(cfg, keys, permits)
   local allowed, retry = 0, 0
   if permits > cfg.rate then
     retry = -1
-  elseif permits > 0 and replayed() then
-    allowed = 1 -- a re-sent request: its grant is already counted
   elseif count + permits <= cfg.rate then
     allowed = 1
-    if permits > 0 then
+    if permits > 0 and first_run() then -- a re-run's grant is counted already
       count = count + permits
       store(cfg, key, window, ends, count)
-      remember_request()
       touch(cfg)
     end
+  elseif permits > 0 and replayed() then
+    allowed = 1
   else
     retry = ends - NOW_US
   end
@@ -57,14 +56,14 @@ end
 
 local function release(cfg, keys, permits)
   local key = keys[1]
-  if replayed() then
+  if not first_run() then
     return 0
   end
   local window, ends, count = load(cfg, key)
   local back = math.min(permits, count)
   store(cfg, key, window, ends, count - back)
-  remember_request()
   return back
 end
 
-return run({ name = 'fixed_window', keys = 1, types = { 'hash' }, allow = allow, release = release })
+local TYPES = { 'hash' }
+local settle = nil

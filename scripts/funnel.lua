@@ -28,21 +28,18 @@ local function allow(cfg, keys, permits)
   local tolerance = interval * cfg.burst
   local tat = load(cfg, key, tolerance)
   local increment = interval * permits
-  if permits > 0 and replayed() then
-    increment = 0 -- a re-sent request: its grant is already in the TAT
-  end
-  local new_tat = tat + increment
-  local allowed_at = new_tat - tolerance
-  local allowed, retry, ttl = 1, 0, new_tat - NOW_US
+  local allowed_at = tat + increment - tolerance
+  local allowed, retry, ttl = 1, 0, tat - NOW_US
   if NOW_US < allowed_at then
-    allowed, ttl = 0, tat - NOW_US
-    retry = allowed_at - NOW_US
-    if increment > tolerance then
-      retry = -1
+    if not (permits > 0 and replayed()) then -- a re-run of a grant reports it, counting nothing
+      allowed, retry = 0, allowed_at - NOW_US
+      if increment > tolerance then
+        retry = -1
+      end
     end
-  elseif increment > 0 then
-    store(cfg, key, new_tat)
-    remember_request()
+  elseif increment > 0 and first_run() then
+    ttl = ttl + increment
+    store(cfg, key, tat + increment)
     touch(cfg)
   end
   local remaining = 0
@@ -54,15 +51,15 @@ end
 
 local function release(cfg, keys, permits)
   local key = keys[1]
-  if replayed() then
+  if not first_run() then
     return 0
   end
   local interval = emission(cfg)
   local tat = load(cfg, key, interval * cfg.burst)
   local back = math.min(permits, math.floor((tat - NOW_US) / interval))
   store(cfg, key, tat - back * interval)
-  remember_request()
   return back
 end
 
-return run({ name = 'funnel', keys = 1, types = { 'string' }, allow = allow, release = release })
+local TYPES = { 'string' }
+local settle = nil

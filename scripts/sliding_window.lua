@@ -69,11 +69,9 @@ local function allow(cfg, keys, permits)
   local allowed, retry = 0, 0
   if permits > cfg.rate then
     retry = -1
-  elseif permits > 0 and replayed() then
-    allowed = 1 -- a re-sent request: its grant is already counted
   elseif total + permits <= cfg.rate then
     allowed = 1
-    if permits > 0 then
+    if permits > 0 and first_run() then -- a re-run's grant is counted already
       redis.call('HINCRBY', key, current, permits)
       if #live == 0 or live[#live][1] ~= current then
         live[#live + 1] = { current, 0 }
@@ -81,9 +79,10 @@ local function allow(cfg, keys, permits)
       live[#live][2] = live[#live][2] + permits
       total = total + permits
       store(cfg, key, live, stale)
-      remember_request()
       touch(cfg)
     end
+  elseif permits > 0 and replayed() then
+    allowed = 1
   else
     retry = retry_after(cfg, live, total + permits - cfg.rate)
   end
@@ -93,7 +92,7 @@ end
 -- release takes permits back from the newest sub-windows first.
 local function release(cfg, keys, permits)
   local key = keys[1]
-  if replayed() then
+  if not first_run() then
     return 0
   end
   local _, live, _, stale = load(cfg, key)
@@ -110,8 +109,8 @@ local function release(cfg, keys, permits)
     end
   end
   store(cfg, key, live, stale)
-  remember_request()
   return permits - left
 end
 
-return run({ name = 'sliding_window', keys = 1, types = { 'hash' }, allow = allow, release = release })
+local TYPES = { 'hash' }
+local settle = nil

@@ -54,17 +54,16 @@ local function reset_after(cfg, log)
   return (tonumber(newest[2]) + cfg.interval) * 1000 - NOW_US
 end
 
--- save stores the new cache value, with both keys expiring when the log empties.
-local function save(cfg, keys, value)
-  local reset = reset_after(cfg, keys[2])
+-- save stores the new cache value, with both keys expiring when the log
+-- empties, reset µs from now.
+local function save(cfg, keys, value, reset)
   if reset <= 0 then
     redis.call('DEL', keys[1], keys[2])
-    return 0
+    return
   end
   local ttl = expiry(cfg, reset / 1000)
   redis.call('SET', keys[1], value, 'PX', ttl)
   redis.call('PEXPIRE', keys[2], ttl)
-  return reset
 end
 
 -- retry_after walks the log from the oldest record until enough permits free
@@ -89,12 +88,9 @@ local function allow(cfg, keys, permits)
   local log = keys[2]
   local write = permits > 0
   local value, changed = available(cfg, keys, write)
-  local member = record(permits)
-  local allowed, retry = 0, 0
+  local allowed, retry, reset = 0, 0, nil
   if permits > cfg.rate then
     retry = -1
-  elseif write and redis.call('ZSCORE', log, member) then
-    allowed = 1 -- a re-sent request: its grant is already in the log
   else
     if permits > value then
       local rebuilt
@@ -108,19 +104,21 @@ local function allow(cfg, keys, permits)
     end
     if permits <= value then
       allowed = 1
-      if write then
-        redis.call('ZADD', log, NOW_MS, member)
+      -- ZADD NX both records the grant and detects a re-sent request, whose
+      -- record (same id, same member) is in the log already.
+      if write and redis.call('ZADD', log, 'NX', NOW_MS, record(permits)) == 1 then
         value = value - permits
         changed = true
+        reset = (NOW_MS + cfg.interval) * 1000 - NOW_US
         touch(cfg)
       end
+    elseif write and redis.call('ZSCORE', log, record(permits)) then
+      allowed, retry = 1, 0 -- a re-sent request whose first run was granted
     end
   end
-  local reset
+  reset = reset or reset_after(cfg, log)
   if write and changed then
-    reset = save(cfg, keys, value)
-  else
-    reset = reset_after(cfg, log)
+    save(cfg, keys, value, reset)
   end
   return { allowed, cfg.rate, math.max(0, math.min(value, cfg.rate)), retry, reset }
 end
@@ -129,7 +127,7 @@ end
 -- that the log and the value stay in agreement.
 local function release(cfg, keys, permits)
   local log = keys[2]
-  if replayed() then
+  if not first_run() then
     return 0
   end
   local value = available(cfg, keys, true)
@@ -147,17 +145,15 @@ local function release(cfg, keys, permits)
     end
     left = left - count
   end
-  remember_request()
-  save(cfg, keys, value + permits - left)
+  save(cfg, keys, value + permits - left, reset_after(cfg, log))
   return permits - left
 end
 
 -- settle recomputes the cache from the log after a rate change.
 local function settle(cfg, keys)
   local log = keys[2]
-  local cutoff = NOW_MS - cfg.interval
-  redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-  save(cfg, keys, cfg.rate - sum(log, call(log, 'ZRANGE', log, 0, -1)))
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', NOW_MS - cfg.interval)
+  save(cfg, keys, cfg.rate - sum(log, call(log, 'ZRANGE', log, 0, -1)), reset_after(cfg, log))
 end
 
-return run({ name = 'tokenbucket', keys = 2, types = { 'string', 'zset' }, allow = allow, release = release, settle = settle })
+local TYPES = { 'string', 'zset' }
