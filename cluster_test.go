@@ -1,0 +1,117 @@
+package redlimit
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// hammer runs callers goroutines acquiring one permit at a time from every
+// limiter until stop is closed, and returns the grants and every error seen.
+func hammer(ctx context.Context, limiters []*Limiter, callers int, stop <-chan struct{}) (granted *atomic.Int64, errs func() []error) {
+	granted = &atomic.Int64{}
+	var mu sync.Mutex
+	var seen []error
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ok, err := limiters[i%len(limiters)].TryAcquire(ctx, 1)
+				if err != nil {
+					mu.Lock()
+					seen = append(seen, err)
+					mu.Unlock()
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if ok {
+					granted.Add(1)
+				}
+			}
+		})
+	}
+	return granted, func() []error {
+		wg.Wait()
+		return seen
+	}
+}
+
+// clusterChange runs change on a dedicated cluster while 32 callers hammer
+// one limiter of each algorithm whose keys live in slot. Each limiter grants
+// 300 permits an hour, far fewer than asked for: every one must be granted,
+// and not one more, across the change.
+func clusterChange(t *testing.T, change func(c *redistest.Cluster, slot int)) {
+	ctx := context.Background()
+	cluster := redistest.StartCluster(t)
+	rdb := cluster.Client(t)
+	const slot, rate = 4242, 300
+	var limiters []*Limiter
+	for _, a := range algorithms {
+		name := redistest.HashTagForSlot(slot) + a.name
+		limiters = append(limiters, a.new(New(rdb), name).WithDefault(PerHour(rate)))
+	}
+	stop := make(chan struct{})
+	granted, errs := hammer(ctx, limiters, 32, stop)
+	time.Sleep(300 * time.Millisecond)
+	change(cluster, slot)
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	seen := errs()
+	t.Logf("%d grants, %d errors surfaced", granted.Load(), len(seen))
+	for _, err := range seen {
+		assert.ErrorIs(t, err, ErrUnavailable, "only documented errors surface: %v", err)
+	}
+	for _, l := range limiters {
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, n, "%s: every permit was granted", l.Name())
+	}
+	assert.Equal(t, int64(rate*len(limiters)), granted.Load(), "exactly the limit, across the change")
+}
+
+// The new primary after a failover has no scripts (the script cache is not
+// replicated): calls reload them and go on.
+func TestClusterFailoverUnderLoad(t *testing.T) {
+	clusterChange(t, func(c *redistest.Cluster, slot int) {
+		before := c.SlotOwner(t, slot)
+		c.Failover(t, slot)
+		require.NotEqual(t, before, c.SlotOwner(t, slot))
+	})
+}
+
+// Moving the limiters' slot to another primary (MIGRATE, then ASK and MOVED
+// redirections) keeps every decision exact.
+func TestClusterReshardUnderLoad(t *testing.T) {
+	clusterChange(t, func(c *redistest.Cluster, slot int) {
+		before := c.SlotOwner(t, slot)
+		c.MoveSlot(t, slot)
+		require.NotEqual(t, before, c.SlotOwner(t, slot))
+	})
+}
+
+// A limiter's keys all live in one slot, whatever its name.
+func TestClusterKeysShareASlot(t *testing.T) {
+	c := New(redis.NewClient(&redis.Options{}), WithClientID("c1"))
+	for _, name := range []string{"plain", "{tag}x", "a{b}c", "x}{y}", "ünï"} {
+		for _, a := range algorithms {
+			l := a.new(c, name)
+			slot := redistest.KeySlot(l.keys[0])
+			for _, k := range append(l.keys, l.stateKeys("other")...) {
+				assert.Equal(t, slot, redistest.KeySlot(k), "%s %q: %q", a.name, name, k)
+			}
+		}
+	}
+}
