@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -56,11 +57,13 @@ type Client struct {
 	clientID    string
 	retryWindow time.Duration
 	observe     func(Decision)
+	denials     *denials // nil unless WithLocalCache
+	failOpen    bool
+	sleep       func(ctx context.Context, d time.Duration) error
+	loads       sync.Map // *script → *scriptLoad, see Client.reload
+
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any
-	denials                     *denials // nil unless WithLocalCache
-	failOpen                    bool
-	sleep                       func(ctx context.Context, d time.Duration) error
 }
 
 // Option configures a Client.
@@ -516,7 +519,7 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		keys = append(keys, l.stateKeys(other)...)
 		args = append(args, other)
 	}
-	return l.alg.script.run(ctx, c.rdb, keys, args...)
+	return c.run(ctx, l.alg.script, keys, args...)
 }
 
 // everyClient runs an op that must reach every client's keys. The script

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -39,22 +41,45 @@ func newScript(file string, stateKeys int) *script {
 	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
-// run executes the script with EVALSHA. A server without it (restarted, failed
-// over, SCRIPT FLUSH, a new Cluster node: the script cache is neither persisted
-// nor replicated) answers NOSCRIPT; run then loads it with SCRIPT LOAD and
-// tries once more.
-func (s *script) run(ctx context.Context, rdb redis.Scripter, keys []string, args ...any) (any, error) {
-	reply, err := rdb.EvalSha(ctx, s.sha, keys, args...).Result()
+// run executes s with EVALSHA. A server without it (restarted, failed over,
+// SCRIPT FLUSH, a new Cluster node: the script cache is neither persisted nor
+// replicated) answers NOSCRIPT; run then loads it with SCRIPT LOAD and tries
+// once more.
+func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
+	sent := time.Now()
+	reply, err := c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
 	if isNoScript(err) {
-		if err := s.load(ctx, rdb); err != nil {
+		if err := c.reload(ctx, s, sent); err != nil {
 			return nil, fmt.Errorf("loading script %s: %w", s.name, scriptError(err))
 		}
-		reply, err = rdb.EvalSha(ctx, s.sha, keys, args...).Result()
+		reply, err = c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
 	}
 	if err != nil {
 		return nil, scriptError(err)
 	}
 	return reply, nil
+}
+
+// reload loads s once for all the callers that met NOSCRIPT together: one
+// whose EVALSHA was sent before another's load completed only tries again.
+func (c *Client) reload(ctx context.Context, s *script, sent time.Time) error {
+	v, _ := c.loads.LoadOrStore(s, &scriptLoad{})
+	l := v.(*scriptLoad)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done.After(sent) {
+		return nil
+	}
+	if err := s.load(ctx, c.rdb); err != nil {
+		return err
+	}
+	l.done = time.Now()
+	return nil
+}
+
+type scriptLoad struct {
+	mu   sync.Mutex
+	done time.Time // when the last load completed
 }
 
 // load sends SCRIPT LOAD. ClusterClient sends it to every shard itself; a Ring

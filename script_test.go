@@ -205,3 +205,39 @@ func TestScriptsAreIntegersOnly(t *testing.T) {
 		assert.NotContains(t, s.src, "#!lua", "%s: shebangs break miniredis and Dragonfly", s.name)
 	}
 }
+
+// Callers that meet NOSCRIPT together share one SCRIPT LOAD.
+func TestReloadIsSingleFlight(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		if _, ok := rdb.(*redis.Client); !ok {
+			t.Skip("one server: a cluster loads every shard in one ScriptLoad")
+		}
+		ctx := context.Background()
+		logged := cloneClient(t, rdb)
+		log := &commandLog{}
+		logged.AddHook(log)
+		c := newClient(logged, newClock())
+		l := c.FixedWindow(uniqueName(t)).WithDefault(Per(1000, time.Minute))
+		_, err := l.Allow(ctx, 1) // loaded once
+		require.NoError(t, err)
+		scriptFlush(t, rdb)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 32 {
+			wg.Go(func() {
+				<-start
+				_, err := l.Allow(ctx, 1)
+				assert.NoError(t, err)
+			})
+		}
+		close(start)
+		wg.Wait()
+		loads := 0
+		for _, name := range log.sent() {
+			if name == "script load" {
+				loads++
+			}
+		}
+		assert.Equal(t, 2, loads, "one load before the flush, one after: %v", log.sent())
+	})
+}
