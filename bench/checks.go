@@ -31,6 +31,7 @@ type checks struct {
 	exact      []exactRow
 	flush      []flushRow
 	apExactCal int
+	serial     []serialRow
 }
 
 type allocRow struct {
@@ -125,6 +126,7 @@ func runChecks(ctx context.Context, e *env, l *load, o options) (*checks, error)
 		run  func(context.Context, *env, *load, options) error
 	}{
 		{"allocations", c.runAllocs},
+		{"server time, one caller", c.runSerial},
 		{"memory", c.runMemory},
 		{"keys gone", c.runGone},
 		{"token bucket scaling", c.runScaling},

@@ -337,6 +337,16 @@ func (rep *report) writeFlood(w func(string, ...any)) {
 
 func (rep *report) writeChecks(w func(string, ...any)) {
 	c := rep.checks
+	w("## Redis time per call, one caller\n\n")
+	w("One caller, 2,000 calls per contender per round over 1,000 keys, contenders interleaved for 7 rounds;\n")
+	w("EVALSHA usec_per_call from INFO commandstats. The server's own cost of each script, without the\n")
+	w("CPU contention of the concurrent runs above; ratios are medians of per-round ratios.\n\n")
+	w("| contender | Redis µs per call (least) | × redis_rate | × trivial EVALSHA |\n|---|--:|--:|--:|\n")
+	for _, r := range c.serial {
+		w("| %s | %.2f | %.2f | %.2f |\n", r.name, r.usec, r.vsPeer, r.vsFloor)
+	}
+	w("\n")
+
 	w("## Allocations, one caller\n\n")
 	w("Go heap allocations per call on one goroutine (3,000 calls), against go-redis's own floor.\n\n")
 	w("| call | allocs | above the floor |\n|---|--:|--:|\n")
