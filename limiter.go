@@ -160,7 +160,7 @@ type Limiter struct {
 	alg        algorithm
 	name       string
 	keys       []string // config, client registry, replay marker, shared state, this client's state
-	requestKey string   // replay markers are requestKey + the request ID in hex
+	requestKey string   // replay markers are requestKey + the request's 16 random bytes
 	denialKey  string   // in the local cache of denials
 	defaults   []any    // the default config's script arguments; nil without one
 	dflt       Config
@@ -227,7 +227,9 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 	return &d
 }
 
-// Result is the outcome of one Allow.
+// Result is the outcome of one Allow. With WithFailOpen, a request Redis
+// could not decide gets Result{Allowed: true} and nothing else: Limit 0 tells
+// it apart.
 type Result struct {
 	Allowed    bool
 	Limit      int64         // the most permits one request can ever get (Rate; a funnel's Burst)
@@ -412,7 +414,9 @@ func (l *Limiter) Reset(ctx context.Context) error {
 	return err
 }
 
-// Delete removes every key of the limiter, every client's, and reports whether there were any.
+// Delete removes every key of the limiter, every client's, and reports
+// whether there were any. The replay markers of its last grants (see
+// WithRetryWindow) are left to expire on their own.
 func (l *Limiter) Delete(ctx context.Context) (bool, error) {
 	defer l.forgetDenial()
 	return l.everyClient(ctx, request{op: opDelete})
