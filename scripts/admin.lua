@@ -13,6 +13,11 @@ end
 local op = ARGV[1]
 if op == 'allow' or op == 'release' then
   local cfg = config()
+  if cfg.stored and cfg.keepalive > 0 and ARGV[3] ~= '0' then
+    -- Every acquire keeps the config alive, granted or denied: a saturated
+    -- limiter is busy, not idle.
+    redis.call('PEXPIRE', KEYS[1], cfg.keepalive)
+  end
   local act = allow
   if op == 'release' then act = release end
   return act(cfg, state_keys(cfg.type), tonumber(ARGV[3]))

@@ -130,12 +130,9 @@ local function lifetime(cfg)
   return math.max(cfg.interval, math.ceil(cfg.burst * cfg.interval / cfg.rate))
 end
 
--- touch runs after each grant: keep-alive, and the registry that lets Delete,
--- Reset and Expire reach every client's keys.
+-- touch runs after each grant: the registry lets Delete, Reset and Expire
+-- reach every client's keys.
 local function touch(cfg)
-  if cfg.stored and cfg.keepalive > 0 then
-    redis.call('PEXPIRE', KEYS[1], cfg.keepalive)
-  end
   if cfg.type == 1 then
     call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
     redis.call('PEXPIRE', KEYS[2], expiry(cfg, lifetime(cfg)))
