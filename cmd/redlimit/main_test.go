@@ -159,7 +159,7 @@ func TestDemo(t *testing.T) {
 	for _, algorithm := range []string{"tokenbucket", "funnel", "fixed_window", "sliding_window"} {
 		t.Run(algorithm, func(t *testing.T) {
 			t.Parallel() // mostly waiting: the instances pause between bursts
-			code, stdout, stderr := runCommand(t, "demo", "-instances", "3", "-duration", "1s", "-algorithm", algorithm)
+			code, stdout, stderr := runCommand(t, "demo", "-instances", "3", "-duration", "2s", "-algorithm", algorithm)
 			checkDemo(t, code, stdout, stderr)
 		})
 	}
@@ -167,7 +167,7 @@ func TestDemo(t *testing.T) {
 
 func TestDemoOnRedis(t *testing.T) {
 	s := redistest.Shared(t)
-	code, stdout, stderr := runCommand(t, "demo", "--redis", "redis://"+s.Addr(), "-instances", "2", "-duration", "1s")
+	code, stdout, stderr := runCommand(t, "demo", "--redis", "redis://"+s.Addr(), "-instances", "2", "-duration", "2s")
 	checkDemo(t, code, stdout, stderr)
 }
 
@@ -176,7 +176,7 @@ func TestDemoOnCluster(t *testing.T) {
 		t.Skip("starts a six-node Redis Cluster")
 	}
 	c := redistest.SharedCluster(t)
-	code, stdout, stderr := runCommand(t, "demo", "--cluster", strings.Join(c.Addrs(), ","), "-instances", "2", "-duration", "1s")
+	code, stdout, stderr := runCommand(t, "demo", "--cluster", strings.Join(c.Addrs(), ","), "-instances", "2", "-duration", "2s")
 	checkDemo(t, code, stdout, stderr)
 }
 
