@@ -2,7 +2,6 @@ package redlimit
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,40 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// countHook counts the scripts a client sends.
-type countHook struct {
-	mu sync.Mutex
-	n  int
-}
-
-func (*countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "evalsha" {
-			h.mu.Lock()
-			h.n++
-			h.mu.Unlock()
-		}
-		return next(ctx, cmd)
-	}
-}
-func (*countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h *countHook) count() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.n
-}
-
 func TestLocalCacheFlood(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		counted := cloneClient(t, rdb)
 		t.Cleanup(func() { counted.Close() })
-		hook := &countHook{}
-		counted.AddHook(hook)
+		log := &commandLog{}
+		counted.AddHook(log)
 		clk := newClock()
 		name := uniqueName(t)
 		var cachedDecisions int
@@ -72,8 +44,8 @@ func TestLocalCacheFlood(t *testing.T) {
 		limit := map[string]int{"tokenbucket": 100, "funnel": 109, "fixed_window": 100, "sliding_window": 100}[a.name]
 		assert.LessOrEqual(t, granted, limit, "never more than Redis would grant")
 		assert.GreaterOrEqual(t, granted, limit-10, "and no starvation")
-		assert.Less(t, hook.count(), 10_000/10, "at least 10× fewer round trips than decisions")
-		assert.GreaterOrEqual(t, cachedDecisions, 10_000-hook.count(), "the rest were denied locally")
+		assert.Less(t, log.count("evalsha"), 10_000/10, "at least 10× fewer round trips than decisions")
+		assert.GreaterOrEqual(t, cachedDecisions, 10_000-log.count("evalsha"), "the rest were denied locally")
 
 		// A local Reset drops the cached denial at once.
 		for ok := true; ok; {
@@ -95,16 +67,16 @@ func TestLocalCacheFlood(t *testing.T) {
 		ok, err = l.TryAcquire(ctx, 0)
 		require.NoError(t, err)
 		assert.True(t, ok, "a peek goes to Redis")
-		before := hook.count()
+		before := log.count("evalsha")
 		r2, err := l.Allow(ctx, 6)
 		require.NoError(t, err)
 		assert.False(t, r2.Allowed)
-		assert.Equal(t, before, hook.count(), "a bigger request is denied locally")
+		assert.Equal(t, before, log.count("evalsha"), "a bigger request is denied locally")
 		assert.Equal(t, r.RetryAfter, r2.RetryAfter, "with the same wait: the clock has not moved")
 		require.NoError(t, l.SetRate(ctx, Per(100, 10*time.Second)))
-		before = hook.count()
+		before = log.count("evalsha")
 		_, err = l.Allow(ctx, 6)
 		require.NoError(t, err)
-		assert.Equal(t, before+1, hook.count(), "a local SetRate drops the cached denial: Redis decides")
+		assert.Equal(t, before+1, log.count("evalsha"), "a local SetRate drops the cached denial: Redis decides")
 	})
 }
