@@ -74,7 +74,10 @@ func WithPrefix(prefix string) Option { return func(c *Client) { c.prefix = pref
 
 // WithClock decides on this clock instead of Redis TIME: for Redis services
 // that reject TIME in scripts, and for tests. Every instance sharing a limiter
-// should then have a synchronised clock.
+// should then have a synchronised clock: a request stamped behind the
+// limiter's latest decision is decided as of that decision by the windows,
+// while the token bucket and funnel may over-admit by what the limit allows
+// in a span as long as the lag.
 func WithClock(now func() time.Time) Option { return func(c *Client) { c.now = now } }
 
 // WithClientID is the identity PerClient limits are kept under; default a

@@ -32,6 +32,42 @@ func TestSlidingWindowSteps(t *testing.T) {
 	})
 }
 
+func TestSlidingWindowNeverGoesBack(t *testing.T) {
+	// A request whose clock is behind the newest sub-window is decided as of
+	// that sub-window and counted in it, so a later request still sees it.
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		clk := newClock()
+		l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
+		ms := time.Millisecond
+		runSteps(t, l, clk, []step{
+			{10000 * ms, 6, true, 4, 0, 10000 * ms},
+			{0, 4, true, 0, 0, 20000 * ms}, // counted in sub-window 10, not 0
+			{10000 * ms, 1, false, 0, 10000 * ms, 10000 * ms},
+			{19999 * ms, 1, false, 0, 1 * ms, 1 * ms},
+			{20000 * ms, 10, true, 0, 0, 10000 * ms},
+		})
+	})
+}
+
+func TestSlidingWindowSetRateKeepsUsageAcrossIntervals(t *testing.T) {
+	// Fields are sub-window starts in ms: after a change to a longer interval
+	// the old grants fall in the new sub-window of their time, and age out
+	// with it.
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
+		s := time.Second
+		runSteps(t, l, clk, []step{{5 * s, 6, true, 4, 0, 10 * s}})
+		require.NoError(t, l.SetRate(ctx, Per(10, 100*time.Second))) // sub-windows of 10s
+		runSteps(t, l, clk, []step{
+			{5 * s, 5, false, 4, 95 * s, 95 * s},
+			{5 * s, 4, true, 0, 0, 95 * s},
+			{100 * s, 10, true, 0, 0, 100 * s},
+		})
+	})
+}
+
 // The guarantee: no span shorter than interval × (buckets−1)/buckets ever
 // holds more than rate granted permits.
 func TestSlidingWindowSpanGuarantee(t *testing.T) {

@@ -1,8 +1,10 @@
 -- Sliding window counters: the interval split into buckets sub-windows, aligned
 -- to the Unix epoch; a decision sums the last `buckets` sub-windows, so no span
 -- shorter than interval × (buckets − 1) / buckets holds more than rate grants.
--- State key: a hash {sub-window index = permits granted in it}; stale fields are
--- dropped as they age and the key expires when the last one would.
+-- State key: a hash {sub-window start in ms = permits granted in it}; stale
+-- fields are dropped as they age and the key expires when the last one would.
+-- Fields hold starts, not indexes, so they keep their place in time across an
+-- interval change.
 -- allow replies {allowed, limit, remaining, retry after µs, reset after µs}.
 
 -- starts returns when sub-window index begins, in µs (index × interval / buckets, in whole ms).
@@ -10,21 +12,29 @@ local function starts(cfg, index)
   return math.ceil(index * cfg.interval / cfg.buckets) * 1000
 end
 
--- load returns the current index, the live sub-windows sorted oldest first as
--- {index, count} pairs, their total, and the stale fields.
+-- load returns the current sub-window's index, the live sub-windows sorted
+-- oldest first as {index, count, field} triples, their total, and the stale
+-- fields. Time never goes back: a request whose clock is behind the newest
+-- sub-window (clocks that disagree under WithClock, or a request that reached
+-- Redis late) is decided as of that sub-window, so nothing it would have
+-- counted has been dropped as stale already.
 local function load(cfg, key)
-  local current = math.floor(NOW_MS * cfg.buckets / cfg.interval)
-  local oldest = current - cfg.buckets + 1
   local flat = call(key, 'HGETALL', key)
-  local live, stale, total = {}, {}, 0
+  local current = math.floor(NOW_MS * cfg.buckets / cfg.interval)
+  local subs = {}
   for i = 1, #flat, 2 do
-    local index = integer(key, 'sub-window', flat[i], 0, MAX)
-    local count = integer(key, flat[i], flat[i + 1], 0, MAX)
-    if index < oldest then
-      stale[#stale + 1] = flat[i]
+    local start = integer(key, 'sub-window', flat[i], 0, MAX)
+    local index = math.floor(start * cfg.buckets / cfg.interval)
+    subs[#subs + 1] = { index, integer(key, flat[i], flat[i + 1], 0, MAX), flat[i] }
+    current = math.max(current, index)
+  end
+  local live, stale, total = {}, {}, 0
+  for _, sub in ipairs(subs) do
+    if sub[1] <= current - cfg.buckets then
+      stale[#stale + 1] = sub[3]
     else
-      live[#live + 1] = { index, count }
-      total = total + count
+      live[#live + 1] = sub
+      total = total + sub[2]
     end
   end
   table.sort(live, function(a, b) return a[1] < b[1] end)
@@ -72,9 +82,10 @@ local function allow(cfg, keys, permits)
   elseif total + permits <= cfg.rate then
     allowed = 1
     if permits > 0 and first_run() then -- a re-run's grant is counted already
-      redis.call('HINCRBY', key, current, permits)
+      local field = starts(cfg, current) / 1000
+      redis.call('HINCRBY', key, field, permits)
       if #live == 0 or live[#live][1] ~= current then
-        live[#live + 1] = { current, 0 }
+        live[#live + 1] = { current, 0, field }
       end
       live[#live][2] = live[#live][2] + permits
       total = total + permits
@@ -100,11 +111,11 @@ local function release(cfg, keys, permits)
   for i = #live, 1, -1 do
     if left == 0 then break end
     local back = math.min(left, live[i][2])
-    redis.call('HINCRBY', key, live[i][1], -back)
+    redis.call('HINCRBY', key, live[i][3], -back)
     live[i][2] = live[i][2] - back
     left = left - back
     if live[i][2] == 0 then
-      redis.call('HDEL', key, live[i][1])
+      redis.call('HDEL', key, live[i][3])
       table.remove(live, i)
     end
   end

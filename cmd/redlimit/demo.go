@@ -123,7 +123,11 @@ type demoResult struct {
 // The instances decide on their own clock (WithClock(time.Now)) rather than
 // on Redis TIME only so that the demo knows the instant of every decision, and
 // so the window it fell in, to check the limit exactly. They share this
-// machine's clock, as WithClock requires.
+// machine's clock, as WithClock requires, and take turns (inOrder) so that
+// decisions reach Redis in the order of their instants, as they would on
+// Redis TIME. Without that, a decision stamped 0.999s could reach Redis after
+// one stamped 1.000s; Redis counts it in the newer window (windows never go
+// back), and the demo would count it in the older one.
 func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (demoResult, error) {
 	// The traffic stops at the deadline, but a decision under way is let
 	// finish and counted: dropping a grant would weaken the check.
@@ -133,7 +137,8 @@ func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (dem
 	cfg := redlimit.PerSecond(s.rate)
 	alg := algorithms[slices.Index(algorithmNames(), s.algorithm)]
 	result := demoResult{settings: s, instances: make([]instanceResult, s.instances)}
-	var change atomic.Pointer[rateChange]
+	var changedAt atomic.Pointer[time.Time] // when instance-1's SetRate decided
+	var inOrder sync.Mutex
 
 	var wg sync.WaitGroup
 	for i := range s.instances {
@@ -152,22 +157,28 @@ func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (dem
 			start := time.Now()
 			rng := rand.New(rand.NewPCG(uint64(i), uint64(start.UnixNano())))
 			for traffic.Err() == nil {
-				if i == 0 && change.Load() == nil && time.Since(start) >= s.duration/2 {
-					if err := limiter.SetRate(ctx, redlimit.PerSecond(s.newRate)); err != nil {
+				if i == 0 && changedAt.Load() == nil && time.Since(start) >= s.duration/2 {
+					inOrder.Lock()
+					err := limiter.SetRate(ctx, redlimit.PerSecond(s.newRate))
+					inOrder.Unlock()
+					if err != nil {
 						res.err = fmt.Errorf("SetRate: %w", err)
 						return
 					}
-					change.Store(&rateChange{at: last, done: time.Now()})
+					at := last // last moves on with the next decision
+					changedAt.Store(&at)
 					p.changed(last, s.newRate)
 				}
 				// A burst of requests as fast as they come, then a pause.
 				for n := 1 + rng.IntN(12); n > 0 && traffic.Err() == nil; n-- {
+					inOrder.Lock()
 					r, err := limiter.Allow(ctx, 1)
+					inOrder.Unlock()
 					if err != nil {
 						res.err = err
 						return
 					}
-					res.record(last, r, change.Load(), s.rate, s.newRate)
+					res.record(last, r, changedAt.Load(), s.rate, s.newRate)
 					p.count(r.Allowed)
 				}
 				select {
@@ -180,8 +191,8 @@ func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (dem
 	wg.Wait()
 	p.done()
 
-	if c := change.Load(); c != nil {
-		result.changedAt = c.at
+	if at := changedAt.Load(); at != nil {
+		result.changedAt = *at
 	}
 	rdb := be.newClient()
 	defer rdb.Close()
@@ -196,13 +207,9 @@ func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (dem
 	return result, nil
 }
 
-// rateChange is when instance-1's SetRate decided (at), and when its reply
-// came back (done). A decision timed between the two may have reached Redis
-// before the change or after it; one timed after done was sent after the
-// change was made, and must follow it.
-type rateChange struct{ at, done time.Time }
-
-func (r *instanceResult) record(at time.Time, res redlimit.Result, change *rateChange, oldRate, newRate int64) {
+// record counts one decision. Decisions reach Redis in the order of their
+// instants, so one after the change must report the new rate.
+func (r *instanceResult) record(at time.Time, res redlimit.Result, changedAt *time.Time, oldRate, newRate int64) {
 	if res.Allowed {
 		r.granted++
 	} else {
@@ -213,11 +220,11 @@ func (r *instanceResult) record(at time.Time, res redlimit.Result, change *rateC
 		r.windows[window] = &tally{}
 	}
 	r.windows[window].add(res)
-	if change != nil && at.After(change.at) {
+	if changedAt != nil && at.After(*changedAt) {
 		switch {
 		case res.Limit == newRate && r.followed < 0:
-			r.followed = at.Sub(change.at)
-		case res.Limit == oldRate && oldRate != newRate && at.After(change.done):
+			r.followed = at.Sub(*changedAt)
+		case res.Limit == oldRate && oldRate != newRate:
 			r.lateOld++
 		}
 	}

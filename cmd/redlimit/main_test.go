@@ -197,10 +197,10 @@ func checkDemo(t *testing.T, code int, stdout, stderr string) {
 // rate after the change, fails the demo.
 func TestDemoCheckFails(t *testing.T) {
 	second := time.Unix(1_800_000_000, 0)
-	change := rateChange{at: second.Add(500 * time.Millisecond), done: second.Add(501 * time.Millisecond)}
+	changedAt := second.Add(500 * time.Millisecond)
 	settings := demoSettings{instances: 2, algorithm: "fixed_window", rate: 20, newRate: 10}
 	decide := func(r *instanceResult, at time.Time, allowed bool, limit int64) {
-		r.record(at, redlimit.Result{Allowed: allowed, Limit: limit}, &change, settings.rate, settings.newRate)
+		r.record(at, redlimit.Result{Allowed: allowed, Limit: limit}, &changedAt, settings.rate, settings.newRate)
 	}
 	newInstance := func(id string) instanceResult {
 		return instanceResult{id: id, windows: map[int64]*tally{}, followed: -1}
@@ -213,7 +213,7 @@ func TestDemoCheckFails(t *testing.T) {
 			decide(&b, second.Add(time.Second+200*time.Millisecond), true, 10)
 		}
 		var out bytes.Buffer
-		if (demoResult{settings: settings, changedAt: change.at, instances: []instanceResult{a, b}}).report(&out) {
+		if (demoResult{settings: settings, changedAt: changedAt, instances: []instanceResult{a, b}}).report(&out) {
 			t.Errorf("16 grants against a limit of 10 held:\n%s", out.String())
 		}
 		if !strings.Contains(out.String(), "FAILED: the shared limit did not hold in 1 of 1 windows") {
@@ -223,10 +223,10 @@ func TestDemoCheckFails(t *testing.T) {
 	t.Run("old rate after the change", func(t *testing.T) {
 		a, b := newInstance("instance-1"), newInstance("instance-2")
 		decide(&a, second.Add(600*time.Millisecond), true, 10)
-		decide(&b, second.Add(500500*time.Microsecond), true, 20) // in flight during the change: fine
-		decide(&b, second.Add(700*time.Millisecond), true, 20)    // after it: not fine
+		decide(&b, second.Add(400*time.Millisecond), true, 20) // before the change: fine
+		decide(&b, second.Add(700*time.Millisecond), true, 20) // after it: not fine
 		var out bytes.Buffer
-		if (demoResult{settings: settings, changedAt: change.at, instances: []instanceResult{a, b}}).report(&out) {
+		if (demoResult{settings: settings, changedAt: changedAt, instances: []instanceResult{a, b}}).report(&out) {
 			t.Errorf("an instance ignoring the change held:\n%s", out.String())
 		}
 		if !strings.Contains(out.String(), "then 1 decisions still under the old rate") {
