@@ -23,7 +23,7 @@ local function load(cfg, key)
   local current = math.floor(NOW_MS * cfg.buckets / cfg.interval)
   local subs = {}
   for i = 1, #flat, 2 do
-    local start = integer(key, 'sub-window', flat[i], 0, MAX)
+    local start = integer(key, 'sub-window', flat[i], 0, MAX / 1000) -- × buckets stays below 2^53
     local index = math.floor(start * cfg.buckets / cfg.interval)
     subs[#subs + 1] = { index, integer(key, flat[i], flat[i + 1], 0, MAX), flat[i] }
     current = math.max(current, index)
