@@ -33,7 +33,16 @@ func TestBadInputTable(t *testing.T) {
 			}
 		}
 		state := func(value string) breaker {
-			return func(l *Limiter) { rdb.Del(ctx, l.keys[3]); rdb.Set(ctx, l.keys[3], value, 0) }
+			return func(l *Limiter) { setOverallState(ctx, rdb, l, value) }
+		}
+		// A client's own state key of the wrong type (the funnel and the
+		// windows keep their Overall state in the config hash, whose wrong
+		// type is a case of its own).
+		clientState := func(l *Limiter) {
+			require.NoError(t, l.SetRate(ctx, Config{Type: PerClient, Rate: 10, Interval: 10 * time.Second}))
+			key := l.keys[len(l.keys)-len(l.alg.state)]
+			rdb.Del(ctx, key)
+			rdb.SAdd(ctx, key, "x")
 		}
 		allow := func(p int64) func(*Limiter) error {
 			return func(l *Limiter) error { _, err := l.Allow(ctx, p); return err }
@@ -85,8 +94,8 @@ func TestBadInputTable(t *testing.T) {
 			{"rate without interval", hset("rate", "10"), allow(1), ErrCorruptState},
 			{"interval without rate", hset("interval", "10000"), allow(0), ErrCorruptState},
 			{"fractional keep-alive", hset("rate", "10", "interval", "10000", "keepAliveTime", "0.5"), allow(1), ErrCorruptState},
-			{"state of the wrong type", func(l *Limiter) { rdb.Del(ctx, l.keys[3]); rdb.SAdd(ctx, l.keys[3], "x") }, allow(1), ErrCorruptState},
-			{"SetRate over state of the wrong type", func(l *Limiter) { rdb.Del(ctx, l.keys[3]); rdb.SAdd(ctx, l.keys[3], "x") }, setRate(Per(20, time.Second)), ErrCorruptState},
+			{"state of the wrong type", clientState, allow(1), ErrCorruptState},
+			{"SetRate over state of the wrong type", clientState, setRate(Per(20, time.Second)), ErrCorruptState},
 			{"garbage state", state("garbage"), allow(1), ErrCorruptState},
 			{"another algorithm's config", func(l *Limiter) {
 				other := "funnel"
@@ -113,14 +122,14 @@ func TestBadInputTable(t *testing.T) {
 				corrupt breaker
 				call    func(*Limiter) error
 				want    error
-			}{"half a window", func(l *Limiter) { rdb.HDel(ctx, l.keys[3], "n") }, allow(1), ErrCorruptState})
+			}{"half a window", func(l *Limiter) { rdb.HDel(ctx, l.Name(), "count") }, allow(1), ErrCorruptState})
 		case "sliding_window":
 			cases = append(cases, struct {
 				what    string
 				corrupt breaker
 				call    func(*Limiter) error
 				want    error
-			}{"a sub-window that is not a number", func(l *Limiter) { rdb.HSet(ctx, l.keys[3], "x", "1") }, allow(1), ErrCorruptState})
+			}{"a sub-window that is not a number", func(l *Limiter) { rdb.HSet(ctx, l.Name(), "counts", "x:1") }, allow(1), ErrCorruptState})
 		}
 		require.GreaterOrEqual(t, len(cases), 30)
 		for _, c := range cases {

@@ -7,4 +7,4 @@ package redlimit
 // Interval that straddles a window edge.
 func (c *Client) FixedWindow(name string) *Limiter { return c.limiter(name, fixedWindow) }
 
-var fixedWindow = newAlgorithm("fixed_window.lua", "window")
+var fixedWindow = newAlgorithm("fixed_window", "fixed_window.lua", true, false, "window")

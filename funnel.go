@@ -13,7 +13,7 @@ import (
 // Its state is one integer in one key, which expires when the funnel is empty.
 func (c *Client) Funnel(name string) *Limiter { return c.limiter(name, funnel) }
 
-var funnel = newAlgorithm("funnel.lua", "tat")
+var funnel = newAlgorithm("funnel", "funnel.lua", true, false, "tat")
 
 // ThrottleResult holds CL.THROTTLE's five reply values.
 type ThrottleResult struct {
@@ -40,7 +40,7 @@ func (c *Client) Throttle(ctx context.Context, key string, maxBurst, count int64
 	if err := cfg.validate(); err != nil {
 		return ThrottleResult{}, err
 	}
-	r, err := c.Funnel(key).decide(ctx, request{op: opAllow, n: quantity, source: sourceFixed, config: cfg.args()})
+	r, err := c.Funnel(key).decide(ctx, request{op: opAllow, n: quantity, source: sourceFixed, config: cfg.arg()})
 	if err != nil {
 		return ThrottleResult{}, err
 	}

@@ -14,11 +14,11 @@ package redlimit
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -90,10 +90,15 @@ func WithClientID(id string) Option {
 	}
 }
 
-// WithRetryWindow is how long Redis remembers a request's ID so that a script
-// the client re-sends (go-redis does after a read timeout, up to MaxRetries
-// times) is not counted twice; default 15s, enough for go-redis's defaults
-// (3s read timeout, 3 retries). It should exceed ReadTimeout × (MaxRetries+1).
+// WithRetryWindow makes re-sent scripts count once. go-redis re-sends a
+// script whose reply it did not read (after a read timeout, up to MaxRetries
+// times), and the server may have run the first copy. By default such a grant
+// counts twice, which errs on the safe side: the limiter denies sooner, it
+// never admits more. With this option each limiter keeps a log of the
+// request IDs of its grants and releases for d (a zset, name:requests, one
+// small entry per request), so that a re-run is recognised and counted once;
+// d should exceed ReadTimeout × (MaxRetries+1), 15s for go-redis's defaults.
+// The token bucket recognises a re-sent grant by its record without it.
 func WithRetryWindow(d time.Duration) Option {
 	return func(c *Client) {
 		if d >= time.Millisecond {
@@ -126,11 +131,14 @@ func WithFailOpen() Option { return func(c *Client) { c.failOpen = true } }
 
 // New returns a Client deciding through rdb.
 func New(rdb redis.Scripter, opts ...Option) *Client {
-	c := &Client{rdb: rdb, clientID: randomHex(8), retryWindow: 15 * time.Second, sleep: sleep}
+	c := &Client{rdb: rdb, clientID: randomHex(8), sleep: sleep}
 	for _, opt := range opts {
 		opt(c)
 	}
-	c.clientIDArg, c.retryWindowArg = c.clientID, c.retryWindow.Milliseconds()
+	c.clientIDArg, c.retryWindowArg = c.clientID, ""
+	if c.retryWindow > 0 {
+		c.retryWindowArg = c.retryWindow.Milliseconds()
+	}
 	return c
 }
 
@@ -144,43 +152,61 @@ func (c *Client) clock() time.Time {
 	return time.Now()
 }
 
-// algorithm is what a Limiter needs to know of one: its script and the
-// suffixes of the keys holding one client's state.
+// algorithm is what a Limiter needs to know of one.
 type algorithm struct {
-	script *script
-	state  []string
+	name   string   // as the config hash stores it, and observers see it
+	script *script  // scripts/common.lua + its file + scripts/admin.lua
+	state  []string // suffixes of the keys holding one client's state
+	// inConfig: the Overall state is fields of the config hash, so a
+	// decision reads config and state at once; only PerClient state has
+	// keys of its own.
+	inConfig bool
+	records  bool // its grants carry the request ID (the token bucket's log)
 }
 
-func newAlgorithm(file string, state ...string) algorithm {
-	return algorithm{script: newScript(file, len(state)), state: state}
+func newAlgorithm(name, file string, inConfig, records bool, state ...string) algorithm {
+	return algorithm{name: name, script: newScript(name, file, len(state)), state: state, inConfig: inConfig, records: records}
 }
 
 // Limiter is a handle on one named limit in Redis. It holds no state of its
 // own: any number of handles, in any number of processes, share the limit.
 // It is safe for concurrent use.
 type Limiter struct {
-	client     *Client
-	alg        algorithm
-	name       string
-	keys       []string // config, client registry, replay marker, shared state, this client's state
-	requestKey string   // replay markers are requestKey + the request's 16 random bytes
-	denialKey  string   // in the local cache of denials
-	defaults   []any    // the default config's script arguments; nil without one
-	dflt       Config
-	err        error
+	client    *Client
+	alg       algorithm
+	name      string
+	keys      []string // see scripts/common.lua: config, client registry, request log, state keys
+	denialKey string   // in the local cache of denials
+	defaults  any      // the default config as a script argument; nil without one
+	dflt      Config
+	err       error
 }
 
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
-	full := c.prefix + name
-	l := &Limiter{client: c, alg: alg, name: full, requestKey: keyOf(full, "request:"), denialKey: alg.script.name + ":" + full}
+	full := fullName(c.prefix, name)
+	l := &Limiter{client: c, alg: alg, name: full, denialKey: alg.name + ":" + full}
 	if err := validName(name, full); err != nil {
 		l.err = err
 		return l
 	}
-	l.keys = append(l.keys, full, keyOf(full, "clients"), l.requestKey)
-	l.keys = append(l.keys, l.stateKeys("")...)
+	l.keys = append(l.keys, full, keyOf(full, "clients"), keyOf(full, "requests"))
+	if !alg.inConfig {
+		l.keys = append(l.keys, l.stateKeys("")...)
+	}
 	l.keys = append(l.keys, l.stateKeys(c.clientID)...)
 	return l
+}
+
+// fullName puts the hash tag inside the prefix, so that every key of a
+// limiter starts with the prefix (for ACL key patterns and SCAN MATCH) and
+// all share one Cluster slot: prefix{name}, then prefix{name}:suffix. A name
+// that holds a tag already keeps it, and without a prefix the name stays as
+// it is, as Redisson names it.
+func fullName(prefix, name string) string {
+	if prefix == "" || strings.Contains(prefix+name, "{") {
+		return prefix + name
+	}
+	return prefix + "{" + name + "}"
 }
 
 // keyOf follows Redisson: {name}:suffix, or name:suffix when name already has
@@ -226,7 +252,7 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 		d.err = errors.Join(d.err, err)
 		return &d
 	}
-	d.dflt, d.defaults = cfg, cfg.args()
+	d.dflt, d.defaults = cfg, cfg.arg()
 	return &d
 }
 
@@ -283,7 +309,7 @@ func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
 		r = Result{Allowed: true}
 	}
 	if c.observe != nil {
-		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.script.name, Permits: req.n, Result: r, Err: err, Latency: time.Since(start), Cached: cached})
+		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.name, Permits: req.n, Result: r, Err: err, Latency: time.Since(start), Cached: cached})
 	}
 	if failOpen {
 		return r, nil
@@ -407,7 +433,7 @@ func (l *Limiter) setRate(ctx context.Context, op any, cfg Config) (bool, error)
 		return false, err
 	}
 	defer l.forgetDenial()
-	return l.everyClient(ctx, request{op: op, source: sourceNew, config: cfg.args()})
+	return l.everyClient(ctx, request{op: op, source: sourceNew, config: cfg.arg()})
 }
 
 // Reset forgets every client's usage and keeps the config.
@@ -417,9 +443,8 @@ func (l *Limiter) Reset(ctx context.Context) error {
 	return err
 }
 
-// Delete removes every key of the limiter, every client's, and reports
-// whether there were any. The replay markers of its last grants (see
-// WithRetryWindow) are left to expire on their own.
+// Delete removes every key of the limiter, every client's and the request
+// log (WithRetryWindow), and reports whether there were any.
 func (l *Limiter) Delete(ctx context.Context) (bool, error) {
 	defer l.forgetDenial()
 	return l.everyClient(ctx, request{op: opDelete})
@@ -469,7 +494,7 @@ type request struct {
 	op      any      // one of the ops below
 	n       int64    // permits, or milliseconds for expire
 	source  any      // of config: nil (the stored one, else the handle's default), sourceNew or sourceFixed
-	config  []any    // with sourceNew or sourceFixed
+	config  any      // with sourceNew or sourceFixed: Config.arg
 	clients []string // other clients whose keys the op must reach
 }
 
@@ -480,10 +505,11 @@ var (
 	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
 
 	sourceNone, sourceDefault, sourceNew, sourceFixed any = "", "default", "new", "fixed"
-	noConfig                                              = []any{"", "", "", "", "", ""}
+	noArg                                             any = ""
 )
 
-// eval runs the limiter's script once: the one road from every method to Redis.
+// eval runs the limiter's script once: the one road from every method to
+// Redis. Its keys and arguments are in the order scripts/common.lua names.
 func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	if l.err != nil {
 		return nil, l.err
@@ -492,39 +518,33 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		return nil, fmt.Errorf("redlimit: %w", err)
 	}
 	c := l.client
-	counts := (req.op == opAllow && req.n > 0) || req.op == opRelease
-	keys := l.keys
-	if counts || len(req.clients) > 0 {
-		keys = make([]string, len(l.keys), len(l.keys)+len(req.clients)*len(l.alg.state))
-		copy(keys, l.keys)
-	}
-	var id any = ""
-	if counts {
-		// The request ID names the replay marker (binary keys are fine) and,
-		// in the token bucket, the grant's record.
-		var raw [16]byte
-		binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
-		binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
-		keys[2] = l.requestKey + string(raw[:])
-		id = keys[2][len(l.requestKey):]
-	}
-	var now any = ""
+	now := noArg
 	if c.now != nil {
 		now = c.now().UnixMicro()
 	}
+	// A request ID names the token bucket's record, and the request log's
+	// entry; only grants and releases need one.
+	id := noArg
+	counts := req.op == opAllow && req.n > 0
+	if req.op == opRelease || counts && (l.alg.records || c.retryWindow > 0) {
+		id = randomHex(8)
+	}
 	source, config := req.source, req.config
 	if source == nil {
-		source, config = sourceNone, noConfig
+		source, config = sourceNone, noArg
 		if l.defaults != nil {
 			source, config = sourceDefault, l.defaults
 		}
 	}
-	args := make([]any, 0, 13+len(req.clients))
-	args = append(args, req.op, now, req.n, c.clientIDArg, id, c.retryWindowArg, source)
-	args = append(args, config...)
-	for _, other := range req.clients {
-		keys = append(keys, l.stateKeys(other)...)
-		args = append(args, other)
+	keys := l.keys
+	args := make([]any, 0, 8+len(req.clients))
+	args = append(args, req.op, now, req.n, c.clientIDArg, id, c.retryWindowArg, source, config)
+	if len(req.clients) > 0 {
+		keys = slices.Clone(keys)
+		for _, other := range req.clients {
+			keys = append(keys, l.stateKeys(other)...)
+			args = append(args, other)
+		}
 	}
 	return c.run(ctx, l.alg.script, keys, args...)
 }
@@ -626,10 +646,11 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// randomHex returns n random bytes in hex.
 func randomHex(n int) string {
-	b := make([]byte, n)
+	b := make([]byte, n, 3*n)
 	for i := range b {
 		b[i] = byte(rand.Uint32())
 	}
-	return hex.EncodeToString(b)
+	return string(hex.AppendEncode(b[n:], b))
 }

@@ -251,7 +251,9 @@ func TestConfigPrecedence(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), r.Limit)
 		assert.Equal(t, int64(1), r.Remaining)
-		assert.Zero(t, rdb.Exists(ctx, l.Name()).Val(), "a default is never stored")
+		// The funnel and the windows keep their state in the config hash;
+		// a default is never stored there.
+		assert.Empty(t, slices.DeleteFunc(rdb.HMGet(ctx, l.Name(), "rate", "interval").Val(), func(v any) bool { return v == nil }), "a default is never stored")
 
 		ok, err := l.TrySetRate(ctx, tenPer10s)
 		require.NoError(t, err)
@@ -641,14 +643,18 @@ func TestCorruptState(t *testing.T) {
 			{"missing interval", func(name string, _ *Limiter) { hset(name, "rate", "10") }, ErrCorruptState},
 			{"unknown type", func(name string, _ *Limiter) { hset(name, "rate", "10", "interval", "1000", "type", "3") }, ErrCorruptState},
 			{"state of the wrong type", func(_ string, l *Limiter) {
-				for _, k := range l.keys[3 : 3+len(l.alg.state)] {
+				for _, k := range l.keys[len(l.keys)-len(l.alg.state):] { // this client's
 					rdb.SAdd(ctx, k, "x")
 				}
 			}, ErrCorruptState},
-			{"garbage state", func(_ string, l *Limiter) { rdb.Set(ctx, l.keys[3], "garbage", 0) }, ErrCorruptState},
+			{"garbage state", func(_ string, l *Limiter) { setOverallState(ctx, rdb, l, "garbage") }, ErrCorruptState},
 		} {
 			name := uniqueName(t)
-			l := a.new(newClient(rdb, newClock()), name).WithDefault(tenPer10s)
+			cfg := tenPer10s
+			if c.what == "state of the wrong type" {
+				cfg.Type = PerClient // the state read is this client's own key
+			}
+			l := a.new(newClient(rdb, newClock()), name).WithDefault(cfg)
 			c.corrupt(l.Name(), l)
 			before := snapshot(t, rdb, name)
 			_, err := l.Allow(ctx, 1)
@@ -662,6 +668,18 @@ func TestCorruptState(t *testing.T) {
 			assert.Equal(t, before, snapshot(t, rdb, name), c.what)
 		}
 	})
+}
+
+// setOverallState puts value where l keeps its Overall state: the token
+// bucket's value key, or the first state field of the others' config hash.
+func setOverallState(ctx context.Context, rdb redis.UniversalClient, l *Limiter, value string) {
+	if l.alg.inConfig {
+		field := map[string]string{"funnel": "tat", "fixed_window": "window", "sliding_window": "counts"}[l.alg.name]
+		rdb.HSet(ctx, l.Name(), field, value)
+		return
+	}
+	rdb.Del(ctx, l.keys[3])
+	rdb.Set(ctx, l.keys[3], value, 0)
 }
 
 func TestAlgorithmMismatch(t *testing.T) {
@@ -697,6 +715,9 @@ func (dupHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	return next
 }
 
+// With WithRetryWindow, a script go-redis re-sends counts once: each
+// limiter logs the ids of its grants and releases in one key, printable,
+// which Delete removes.
 func TestResentScriptCountsOnce(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
@@ -706,7 +727,7 @@ func TestResentScriptCountsOnce(t *testing.T) {
 		sent := 0
 		dup.AddHook(dupHook{&sent})
 		clk := newClock()
-		l := a.new(newClient(dup, clk), name).WithDefault(tenPer10s)
+		l := a.new(newClient(dup, clk, WithRetryWindow(15*time.Second)), name).WithDefault(tenPer10s)
 		for i := range 10 {
 			ok, err := l.TryAcquire(ctx, 1)
 			require.NoError(t, err)
@@ -721,6 +742,49 @@ func TestResentScriptCountsOnce(t *testing.T) {
 		n, err := l.AvailablePermits(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), n, "a re-sent release gives back once")
+
+		requests := keyOf(l.Name(), "requests")
+		ids := rdb.ZRange(ctx, requests, 0, -1).Val()
+		assert.NotEmpty(t, ids)
+		for _, id := range ids {
+			assert.Regexp(t, "^[0-9a-f]{16}$", id, "request ids are printable")
+		}
+		ttl := rdb.PTTL(ctx, requests).Val()
+		assert.True(t, ttl > 0 && ttl <= 15*time.Second, "the log expires: %v", ttl)
+		_, err = l.Delete(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, rdb.Exists(ctx, requests).Val(), "Delete removes the request log")
+	})
+}
+
+// Without WithRetryWindow, nothing but the limiter's own state is written:
+// a re-sent grant counts twice, so the limiter denies sooner and never
+// admits more. The token bucket tells a re-sent grant by its record anyway.
+func TestResentScriptWithoutRetryWindow(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		dup := cloneClient(t, rdb)
+		t.Cleanup(func() { dup.Close() })
+		sent := 0
+		dup.AddHook(dupHook{&sent})
+		l := a.new(newClient(dup, newClock()), name).WithDefault(tenPer10s)
+		granted := 0
+		for range 10 {
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			if ok {
+				granted++
+			}
+		}
+		want := map[string]int{"tokenbucket": 10, "funnel": 5, "fixed_window": 5, "sliding_window": 5}[a.name]
+		assert.Equal(t, want, granted, "each grant ran twice")
+		assert.GreaterOrEqual(t, sent, 10, "every script ran twice")
+		wantKeys := []string{l.Name()}
+		if a.name == "tokenbucket" {
+			wantKeys = []string{keyOf(l.Name(), "permits"), keyOf(l.Name(), "value")}
+		}
+		assert.ElementsMatch(t, wantKeys, limiterKeys(t, rdb, name), "no key per grant")
 	})
 }
 

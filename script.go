@@ -26,7 +26,9 @@ type script struct {
 	sha  string
 }
 
-func newScript(file string, stateKeys int) *script {
+// newScript assembles the script of the algorithm stored as name, whose
+// arithmetic is in file and whose state takes stateKeys keys per client.
+func newScript(name, file string, stateKeys int) *script {
 	read := func(name string) string {
 		b, err := scriptFiles.ReadFile("scripts/" + name)
 		if err != nil {
@@ -34,7 +36,6 @@ func newScript(file string, stateKeys int) *script {
 		}
 		return string(b)
 	}
-	name := strings.TrimSuffix(file, ".lua")
 	header := fmt.Sprintf("local ALGORITHM, N = '%s', %d\n", name, stateKeys)
 	src := header + read("common.lua") + read(file) + read("admin.lua")
 	sum := sha1.Sum([]byte(src))

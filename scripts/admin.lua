@@ -1,8 +1,17 @@
--- Dispatch, after the algorithm's file has defined allow, release, settle
--- (or nil) and TYPES (the Redis type of each state key). Decisions return at
--- once; the admin ops' helpers below are only created when one is asked for.
+-- Dispatch. Decisions return at once; the admin ops' helpers below are only
+-- created when one is asked for.
 
-local function state_keys(group) -- 0: shared, 1: this client's, k ≥ 2: the (k-1)th other's
+-- state_keys returns a group's state keys: group 0 holds the Overall state,
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[9 ..].
+-- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
+-- and each client's in one key, from KEYS[4] on.
+local function state_keys(group)
+  if algorithm.fields then
+    if group == 0 then
+      return { KEYS[1] }
+    end
+    return { KEYS[3 + group] }
+  end
   local keys = {}
   for i = 1, N do
     keys[i] = KEYS[3 + group * N + i]
@@ -12,18 +21,45 @@ end
 
 local op = ARGV[1]
 if op == 'allow' or op == 'release' then
-  local cfg = config()
-  if cfg.stored and cfg.keepalive > 0 and ARGV[3] ~= '0' then
-    -- Every acquire keeps the config alive, granted or denied: a saturated
-    -- limiter is busy, not idle.
-    redis.call('PEXPIRE', KEYS[1], cfg.keepalive)
+  local cfg, f = config()
+  local fields, s = algorithm.fields, nil
+  if not fields then
+    s = algorithm.load(cfg, state_keys(cfg.type))
+  elseif cfg.type == 0 then
+    s = algorithm.load(cfg, KEYS[1], unpack(f, 8, 7 + #fields))
+  else
+    s = algorithm.load(cfg, KEYS[4], unpack(call(KEYS[4], 'HMGET', KEYS[4], unpack(fields)), 1, #fields))
   end
-  local act = allow
-  if op == 'release' then act = release end
-  return act(cfg, state_keys(cfg.type), tonumber(ARGV[3]))
+  local permits = tonumber(ARGV[3])
+  local reply = 0
+  if op == 'allow' then
+    reply = decide(cfg, s, permits)
+  elseif first_run() then
+    reply = algorithm.release(cfg, s, permits)
+  end
+  if cfg.stored and cfg.keepalive > 0 and permits > 0 then
+    -- Every acquire keeps the config alive, granted or denied: a saturated
+    -- limiter is busy, not idle. State in the config hash keeps it alive as
+    -- long as the state counts (a funnel whose burst drains slower).
+    local ttl = cfg.keepalive
+    if op == 'allow' and fields and cfg.type == 0 then
+      ttl = math.max(ttl, math.ceil(reply[5] / 1000))
+    end
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  return reply
 end
 
-local function all_state_keys()
+-- The admin ops. groups counts the groups of state keys the caller passed.
+local function groups()
+  if algorithm.fields then
+    return #KEYS - 2
+  end
+  return (#KEYS - 3) / N
+end
+
+-- separate_state_keys lists the state keys that are not KEYS[1].
+local function separate_state_keys()
   local keys = {}
   for i = 4, #KEYS do
     keys[#keys + 1] = KEYS[i]
@@ -36,7 +72,7 @@ end
 -- asks again with the missing ones.
 local function missing_clients()
   local given = {}
-  for i = 14, #ARGV do
+  for i = 9, #ARGV do
     given[ARGV[i]] = true
   end
   local missing = {}
@@ -48,16 +84,21 @@ local function missing_clients()
   return missing
 end
 
+-- delete_state forgets all usage: every client's, and the request log.
 local function delete_state()
-  redis.call('DEL', KEYS[2], unpack(all_state_keys()))
+  if algorithm.fields then
+    redis.call('HDEL', KEYS[1], unpack(algorithm.fields))
+  end
+  redis.call('DEL', KEYS[2], KEYS[3], unpack(separate_state_keys()))
 end
 
 local function write_config(cfg)
-  redis.call('HSET', KEYS[1], 'rate', ARGV[8], 'interval', ARGV[9], 'type', ARGV[10], 'keepAliveTime', ARGV[13])
+  local rate, interval, type, burst, buckets, keepalive = string.match(ARGV[8], '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  redis.call('HSET', KEYS[1], 'rate', rate, 'interval', interval, 'type', type, 'keepAliveTime', keepalive)
   if ALGORITHM ~= 'tokenbucket' then
     redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
   end
-  for _, f in ipairs({ { 'burst', ARGV[11] }, { 'buckets', ARGV[12] } }) do
+  for _, f in ipairs({ { 'burst', burst }, { 'buckets', buckets } }) do
     if f[2] == '0' then
       redis.call('HDEL', KEYS[1], f[1])
     else
@@ -87,20 +128,22 @@ local function cap_expiry(keys, ttl_ms)
 end
 
 if op == 'get' then
-  local cfg = stored_config()
+  local cfg, f = read_config()
   if not cfg then return {} end
-  local f = redis.call('HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime')
   return { tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0), tonumber(f[5] or 0), tonumber(f[6] or 0) }
 end
 if op == 'ttl' then
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl ~= -2 then return ttl end
-  for _, key in ipairs(all_state_keys()) do
+  for _, key in ipairs(separate_state_keys()) do
     ttl = math.max(ttl, redis.call('PTTL', key))
   end
   return ttl
 end
 if op == 'persist' then
+  if not read_config() then
+    return 0 -- state in the hash without a config expires when the limiter is full
+  end
   return redis.call('PERSIST', KEYS[1])
 end
 
@@ -114,35 +157,40 @@ if op == 'reset' then
   return 1
 end
 if op == 'delete' then
-  return math.min(1, redis.call('DEL', KEYS[1], KEYS[2], unpack(all_state_keys())))
+  return math.min(1, redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], unpack(separate_state_keys())))
 end
 if op == 'expire' then
-  local keys = all_state_keys()
+  local keys = separate_state_keys()
   table.insert(keys, 1, KEYS[1])
   table.insert(keys, 2, KEYS[2])
+  table.insert(keys, 3, KEYS[3])
   return cap_expiry(keys, tonumber(ARGV[3]))
 end
 if op == 'set' or op == 'tryset' then
-  local old = stored_config()
+  local old = read_config()
   if old and op == 'tryset' then
     return 0
   end
   local new = given_config()
   -- Check every state key before writing anything: bad state leaves all as it was.
-  for i = 4, #KEYS do
-    local t = redis.call('TYPE', KEYS[i])['ok']
-    local want = TYPES[(i - 4) % N + 1]
-    if t ~= 'none' and t ~= want then
-      fail('corrupt ' .. KEYS[i] .. ': a ' .. t .. ', not a ' .. want)
+  for group = 0, groups() - 1 do
+    for i, key in ipairs(state_keys(group)) do
+      local t = redis.call('TYPE', key)['ok']
+      local want = algorithm.types[i]
+      if t ~= 'none' and t ~= want then
+        fail('corrupt ' .. key .. ': a ' .. t .. ', not a ' .. want)
+      end
     end
   end
   write_config(new)
   new.stored = true
   if old and old.type ~= new.type then
     delete_state() -- usage under one type means nothing under the other
-  elseif settle then
-    for group = 0, (#KEYS - 3) / N - 1 do
-      settle(new, state_keys(group))
+  elseif new.type == 1 and algorithm.fields then
+    redis.call('HDEL', KEYS[1], unpack(algorithm.fields)) -- Overall usage left by a default
+  elseif algorithm.settle then
+    for group = 0, groups() - 1 do
+      algorithm.settle(new, state_keys(group))
     end
   end
   return 1

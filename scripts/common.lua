@@ -1,23 +1,29 @@
--- The hot path shared by every algorithm. script.go loads, as one script:
--- a header naming the algorithm (ALGORITHM, N = its state keys per client),
--- this file, the algorithm's file, then admin.lua, which dispatches ARGV[1].
--- Only what a decision needs is defined before that dispatch: Redis runs the
--- whole chunk on every call, and each closure it creates costs time.
+-- The decision skeleton every algorithm plugs into. script.go loads, as one
+-- script: a header from Go (local ALGORITHM, N = its stored name, its state
+-- keys per client), this file, the algorithm's file, which fills in the
+-- `algorithm` table below, and admin.lua, which dispatches ARGV[1]. Redis runs
+-- the whole chunk on every call, so only what a decision uses is defined
+-- before that dispatch, and a decision builds few tables.
 --
--- KEYS[1]  config hash (Redisson layout: rate, interval ms, type, keepAliveTime ms)
+-- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
+--          keepAliveTime ms as Redisson keeps them; burst, buckets and
+--          algorithm for ours) and, when the algorithm keeps its state in hash
+--          fields (algorithm.fields), the Overall state too
 -- KEYS[2]  client registry: zset of PerClient ids, score = last grant in ms
--- KEYS[3]  this request's replay marker (see first_run)
--- KEYS[4 ..]  N state keys shared by all clients, then N keys of this client,
---             then N keys of each client named in ARGV[14 ..] (admin ops)
+-- KEYS[3]  request log: zset of recent request ids, score = when forgotten in ms
+-- KEYS[4 ..]  state keys, group by group (see state_keys): the Overall ones
+--          (none when they live in KEYS[1]), this client's, then those of
+--          each client named in ARGV[9 ..]
 -- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl
 -- ARGV[2]  now in µs, or '' to read Redis TIME
 -- ARGV[3]  permits (allow, release) or milliseconds (expire)
 -- ARGV[4]  client id
--- ARGV[5]  request id ('' for none)
--- ARGV[6]  how long a request id is remembered, ms
--- ARGV[7]  where ARGV[8 .. 13] come from: '' (nothing), 'default', 'fixed' (ignore the hash), 'new' (set)
--- ARGV[8 .. 13]  rate, interval ms, type, burst, buckets, keep-alive ms
--- ARGV[14 ..]  other clients' ids (admin ops)
+-- ARGV[5]  request id: the token bucket's record; logged when ARGV[6] is set
+-- ARGV[6]  how long the request log keeps an id, ms; '' for no log
+-- ARGV[7]  where the config comes from: '' (stored), 'default' (stored, else
+--          ARGV[8]), 'fixed' (ARGV[8], whatever is stored), 'new' (set)
+-- ARGV[8]  config: 'rate interval type burst buckets keepalive', or ''
+-- ARGV[9 ..]  other clients' ids (admin ops)
 --
 -- Every number written or returned is an integer: Lua numbers are doubles and
 -- Redis truncates returned floats. Errors are raised as plain strings
@@ -41,7 +47,7 @@ end
 local NOW_US
 if ARGV[2] == '' then
   local t = redis.call('TIME')
-  NOW_US = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  NOW_US = t[1] * 1000000 + t[2]
 else
   NOW_US = tonumber(ARGV[2])
 end
@@ -60,16 +66,32 @@ local function integer(key, field, value, min, max)
   return n
 end
 
--- config_from reads f = {rate, interval, type, burst, buckets, keepalive} from
--- the hash (stored) or the arguments, defaults applied.
-local function config_from(key, f, stored)
+-- The algorithm's file fills this in:
+--   fields     the names of its state's hash fields; nil when it keeps its
+--              own keys (the token bucket)
+--   capacity   (cfg) the most permits one request can get; nil: cfg.rate
+--   load       (cfg, where, ...) the state as of now: where is the hash
+--              holding it and ... the stored values of its fields; for the
+--              token bucket, where is its keys and ... nothing
+--   wait       (cfg, s, permits) 0 when permits fit now, else the µs until they do
+--   commit     (cfg, s, permits) records a grant; false when this request's
+--              grant is recorded already (a re-sent script)
+--   report     (cfg, s) remaining permits, and µs until the limiter is full
+--   resent     (s, permits) optional: whether a re-sent script was granted
+--   release    (cfg, s, permits) gives permits back, returns how many
+--   settle     (cfg, keys) optional: brings a group's state in line after SetRate
+--   types      the Redis type of each state key, for SetRate's checks
+local algorithm = {}
+
+-- config_from makes a config of stored or given values, defaults applied.
+local function config_from(key, rate, interval, type, burst, buckets, keepalive, stored)
   local cfg = {
-    rate = integer(key, 'rate', f[1], 1, MAX),
-    interval = integer(key, 'interval', f[2], 1, MAX),
-    type = integer(key, 'type', f[3], 0, 1) or 0,
-    burst = integer(key, 'burst', f[4], 0, MAX) or 0,
-    buckets = integer(key, 'buckets', f[5], 0, 1000) or 0,
-    keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
+    rate = integer(key, 'rate', rate, 1, MAX),
+    interval = integer(key, 'interval', interval, 1, MAX),
+    type = integer(key, 'type', type, 0, 1) or 0,
+    burst = integer(key, 'burst', burst, 0, MAX) or 0,
+    buckets = integer(key, 'buckets', buckets, 0, 1000) or 0,
+    keepalive = integer(key, 'keepAliveTime', keepalive, 0, MAX) or 0,
     stored = stored,
   }
   if cfg.rate == nil or cfg.interval == nil then
@@ -83,38 +105,48 @@ local function config_from(key, f, stored)
   return cfg
 end
 
--- stored_config returns the config hash's config, or nil when there is none.
-local function stored_config()
-  local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime', 'algorithm')
+local function given_config()
+  local rate, interval, type, burst, buckets, keepalive =
+    string.match(ARGV[8], '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  return config_from('arguments', rate, interval, type, burst, buckets, keepalive, false)
+end
+
+-- read_config returns the stored config (nil when there is none) and the
+-- values of the algorithm's state fields, both read with one HMGET.
+local function read_config()
+  local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
+    'algorithm', unpack(algorithm.fields or {}))
   if not f[1] and not f[2] then
-    return nil
+    return nil, f
   end
   if (f[7] or 'tokenbucket') ~= ALGORITHM then
     fail('algorithm ' .. KEYS[1] .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
   end
-  return config_from(KEYS[1], f, true)
+  return config_from(KEYS[1], f[1], f[2], f[3], f[4], f[5], f[6], true), f
 end
 
-local function given_config()
-  return config_from('arguments', { ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13] }, false)
-end
-
--- config: stored in Redis > the handle's default > not initialized.
+-- config: stored in Redis > the handle's default > not initialized. It also
+-- returns what read_config read, the Overall state's fields from position 8.
+-- A 'fixed' config (Throttle) ignores a stored one, but leaves its expiry be.
 local function config()
   local source = ARGV[7]
-  if source ~= 'fixed' then
-    local cfg = stored_config()
-    if cfg then return cfg end
+  local cfg, f = read_config()
+  if source == 'fixed' then
+    local given = given_config()
+    given.stored = cfg ~= nil
+    return given, f
   end
+  if cfg then return cfg, f end
   if source == '' then
     fail('not initialized ' .. KEYS[1])
   end
-  return given_config()
+  return given_config(), f
 end
 
--- expiry caps a state key's TTL so that no key outlives the config hash.
-local function expiry(cfg, ttl_ms)
-  ttl_ms = math.max(1, math.ceil(ttl_ms))
+-- expiry caps a separate state key's TTL so that no key outlives a stored
+-- config (Expire, ExpireAt): state in KEYS[1] needs no cap.
+local function expiry(cfg, ttl_us)
+  local ttl_ms = math.max(1, math.ceil(ttl_us / 1000))
   if cfg.stored and cfg.keepalive == 0 then
     local left = redis.call('PTTL', KEYS[1])
     if left > 0 and left < ttl_ms then
@@ -124,30 +156,81 @@ local function expiry(cfg, ttl_ms)
   return ttl_ms
 end
 
--- lifetime bounds how long any state of cfg matters, in ms: one interval, or the
--- time a funnel takes to drain when its burst exceeds its rate.
-local function lifetime(cfg)
-  return math.max(cfg.interval, math.ceil(cfg.burst * cfg.interval / cfg.rate))
+-- save writes state fields (name, value, …) to the hash key and has it
+-- expire when the limiter is full again, ttl_us from now; a nil ttl_us keeps
+-- the expiry the key has (the windows set it once per window, not per grant).
+-- KEYS[1] holding a stored config keeps the config's expiry (none, Expire's,
+-- or the keep-alive the dispatch refreshes).
+local function save(cfg, key, ttl_us, ...)
+  redis.call('HSET', key, ...)
+  if ttl_us == nil then
+    return
+  elseif key ~= KEYS[1] then
+    redis.call('PEXPIRE', key, expiry(cfg, ttl_us))
+  elseif not cfg.stored then
+    redis.call('PEXPIRE', key, math.max(1, math.ceil(ttl_us / 1000)))
+  end
 end
 
 -- touch runs after each grant: the registry lets Delete, Reset and Expire
--- reach every client's keys.
+-- reach every client's keys. It lives as long as any client's state can: one
+-- interval, or the time a funnel takes to drain when its burst exceeds its rate.
 local function touch(cfg)
   if cfg.type == 1 then
     call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
-    redis.call('PEXPIRE', KEYS[2], expiry(cfg, lifetime(cfg)))
+    redis.call('PEXPIRE', KEYS[2], expiry(cfg, math.max(cfg.interval, cfg.burst * cfg.interval / cfg.rate) * 1000))
   end
 end
 
 -- A client re-sends a script whose reply it did not read (go-redis does on a
--- read timeout), so a grant leaves a marker that lets a re-run see it. One
--- command both checks and sets it: first_run is false for a re-run, whose
--- grant must not be counted again. replayed checks without setting, for
--- requests about to be denied (their first run may have been granted).
+-- read timeout). Counting it twice only denies sooner, so by default nothing
+-- guards against it. With WithRetryWindow, the request log remembers each
+-- request id for the window: first_run both checks and records the id, and
+-- is false for a re-run, whose grant is counted already. (The token bucket
+-- needs no log for its grants: its record holds the id.)
 local function first_run()
-  return ARGV[5] == '' or redis.call('SET', KEYS[3], '1', 'PX', ARGV[6], 'NX') ~= false
+  if ARGV[6] == '' then
+    return true
+  end
+  if call(KEYS[3], 'ZADD', KEYS[3], 'NX', NOW_MS + ARGV[6], ARGV[5]) == 0 then
+    return false
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', NOW_MS)
+  redis.call('PEXPIRE', KEYS[3], ARGV[6])
+  return true
 end
 
-local function replayed()
-  return ARGV[5] ~= '' and redis.call('EXISTS', KEYS[3]) == 1
+-- resent reports whether this request, about to be denied, is a re-run of
+-- one that was granted.
+local function resent(s, permits)
+  if algorithm.resent then
+    return algorithm.resent(s, permits)
+  end
+  return ARGV[6] ~= '' and redis.call('ZSCORE', KEYS[3], ARGV[5]) ~= false
+end
+
+-- decide is every algorithm's allow, on s, the state algorithm.load read:
+-- {allowed, limit, remaining, retry after µs (-1: never), reset after µs}.
+-- Zero permits is a peek: it writes nothing.
+local function decide(cfg, s, permits)
+  local limit = cfg.rate
+  if algorithm.capacity then limit = algorithm.capacity(cfg) end
+  local allowed, retry = 0, 0
+  if permits > limit then
+    retry = -1
+  else
+    local wait = algorithm.wait(cfg, s, permits)
+    if wait <= 0 then
+      allowed = 1
+      if permits > 0 and (algorithm.resent or first_run()) and algorithm.commit(cfg, s, permits) then
+        touch(cfg)
+      end
+    elseif permits > 0 and resent(s, permits) then
+      allowed = 1
+    else
+      retry = wait
+    end
+  end
+  local remaining, reset = algorithm.report(cfg, s)
+  return { allowed, limit, math.max(0, math.min(remaining, limit)), retry, reset }
 end

@@ -1,75 +1,69 @@
--- Fixed window: at most rate permits per window of interval, windows aligned to
--- the Unix epoch so every instance agrees where one starts.
--- State key: a hash {w = the window's start in ms, n = permits granted in it}
--- that expires with its window.
--- allow replies {allowed, limit, remaining, retry after µs, reset after µs}.
+-- Fixed window: at most rate permits per window of interval, windows aligned
+-- to the Unix epoch so every instance agrees where one starts.
+-- State: fields window (its start in ms) and count (permits granted in it);
+-- they expire with their window.
 
--- load returns the current window's start in ms, its end in µs, and its count.
--- Windows never go back: a request whose clock is behind the stored window's
--- (clocks that disagree under WithClock, or a request that reached Redis late)
--- counts in the stored window rather than resetting it. The start is kept in
--- ms, not as an index, so that it stays meaningful across an interval change.
-local function load(cfg, key)
-  local f = call(key, 'HMGET', key, 'w', 'n')
-  local w, n = integer(key, 'w', f[1], 0, MAX), integer(key, 'n', f[2], 0, MAX)
-  if (w == nil) ~= (n == nil) then
-    fail('corrupt ' .. key .. ': half a window')
+algorithm.fields = { 'window', 'count' }
+algorithm.types = { 'hash' }
+
+-- load finds the current window. Windows never go back: a request whose clock
+-- is behind the stored window's (clocks that disagree under WithClock, or a
+-- request that reached Redis late) counts in the stored window rather than
+-- resetting it. The start is kept in ms, not as an index, so that it stays
+-- meaningful across an interval change.
+function algorithm.load(cfg, where, stored_start, stored_count)
+  local start = integer(where, 'window', stored_start, 0, MAX)
+  local count = integer(where, 'count', stored_count, 0, MAX)
+  if (start == nil) ~= (count == nil) then
+    fail('corrupt ' .. where .. ': half a window')
   end
   local window = math.floor(NOW_MS / cfg.interval)
-  local count = 0
-  if w ~= nil then
-    local stored = math.floor(w / cfg.interval)
-    if stored >= window then
-      window, count = stored, n
-    end
+  local s = { where = where, stored = start, count = 0 }
+  if start ~= nil and math.floor(start / cfg.interval) >= window then
+    window = math.floor(start / cfg.interval)
+    s.count = count
   end
-  return window * cfg.interval, (window + 1) * cfg.interval * 1000, count
+  s.start = window * cfg.interval
+  s.ends = (window + 1) * cfg.interval * 1000
+  return s
 end
 
-local function store(cfg, key, start, ends, count)
-  if count <= 0 then
-    redis.call('DEL', key)
-  else
-    redis.call('HSET', key, 'w', start, 'n', count)
-    redis.call('PEXPIRE', key, expiry(cfg, (ends - NOW_US) / 1000))
-  end
-end
-
-local function allow(cfg, keys, permits)
-  local key = keys[1]
-  local start, ends, count = load(cfg, key)
-  local allowed, retry = 0, 0
-  if permits > cfg.rate then
-    retry = -1
-  elseif count + permits <= cfg.rate then
-    allowed = 1
-    if permits > 0 and first_run() then -- a re-run's grant is counted already
-      count = count + permits
-      store(cfg, key, start, ends, count)
-      touch(cfg)
-    end
-  elseif permits > 0 and replayed() then
-    allowed = 1
-  else
-    retry = ends - NOW_US
-  end
-  local reset = 0
-  if count > 0 then
-    reset = ends - NOW_US
-  end
-  return { allowed, cfg.rate, math.max(0, cfg.rate - count), retry, reset }
-end
-
-local function release(cfg, keys, permits)
-  local key = keys[1]
-  if not first_run() then
+function algorithm.wait(cfg, s, permits)
+  if s.count + permits <= cfg.rate then
     return 0
   end
-  local start, ends, count = load(cfg, key)
-  local back = math.min(permits, count)
-  store(cfg, key, start, ends, count - back)
-  return back
+  return s.ends - NOW_US
 end
 
-local TYPES = { 'hash' }
-local settle = nil
+-- store sets the key's expiry only when its window is new.
+local function store(cfg, s)
+  if s.count <= 0 then
+    redis.call('HDEL', s.where, 'window', 'count')
+    return
+  end
+  local ttl
+  if s.start ~= s.stored then
+    ttl = s.ends - NOW_US
+  end
+  save(cfg, s.where, ttl, 'window', s.start, 'count', s.count)
+end
+
+function algorithm.commit(cfg, s, permits)
+  s.count = s.count + permits
+  store(cfg, s)
+  return true
+end
+
+function algorithm.report(cfg, s)
+  if s.count == 0 then
+    return cfg.rate, 0
+  end
+  return cfg.rate - s.count, s.ends - NOW_US
+end
+
+function algorithm.release(cfg, s, permits)
+  local back = math.min(permits, s.count)
+  s.count = s.count - back
+  store(cfg, s)
+  return back
+end

@@ -1,65 +1,50 @@
 -- Funnel: GCRA as redis-cell's CL.THROTTLE computes it, in microseconds.
--- State key: tat, the theoretical arrival time in µs; it expires when the
--- funnel is empty again. Rate permits drain per interval; burst is the capacity.
--- allow replies {allowed, limit, remaining, retry after µs, reset after µs}.
+-- State: field tat, the theoretical arrival time in µs. Rate permits drain
+-- per interval and burst is the capacity; the state expires when the funnel
+-- is empty again.
 
-local function emission(cfg)
-  return math.floor(cfg.interval * 1000 / cfg.rate)
+algorithm.fields = { 'tat' }
+algorithm.types = { 'hash' }
+
+function algorithm.capacity(cfg)
+  return cfg.burst
 end
 
--- load returns the stored TAT, never before now nor beyond a full funnel (the
--- usage a rate decrease leaves behind is clamped to the new capacity).
-local function load(cfg, key, tolerance)
-  local tat = integer(key, 'tat', call(key, 'GET', key), 0, MAX) or NOW_US
-  return math.min(math.max(tat, NOW_US), NOW_US + tolerance)
+-- load clamps the stored TAT to now at the earliest, and to a full funnel at
+-- the latest (the usage a rate decrease leaves behind fits the new capacity).
+function algorithm.load(cfg, where, tat)
+  local emission = math.floor(cfg.interval * 1000 / cfg.rate)
+  local tolerance = emission * cfg.burst
+  tat = integer(where, 'tat', tat, 0, MAX) or NOW_US
+  tat = math.min(math.max(tat, NOW_US), NOW_US + tolerance)
+  return { where = where, emission = emission, tolerance = tolerance, tat = tat }
 end
 
-local function store(cfg, key, tat)
-  if tat <= NOW_US then
-    redis.call('DEL', key)
+function algorithm.wait(cfg, s, permits)
+  return s.tat + s.emission * permits - s.tolerance - NOW_US
+end
+
+function algorithm.commit(cfg, s, permits)
+  s.tat = s.tat + s.emission * permits
+  save(cfg, s.where, s.tat - NOW_US, 'tat', s.tat)
+  return true
+end
+
+function algorithm.report(cfg, s)
+  local ttl = s.tat - NOW_US
+  if s.tolerance - ttl <= -s.emission then
+    return 0, ttl
+  end
+  return math.floor((s.tolerance - ttl) / s.emission), ttl
+end
+
+function algorithm.release(cfg, s, permits)
+  local back = math.min(permits, math.floor((s.tat - NOW_US) / s.emission))
+  s.tat = s.tat - back * s.emission
+  if s.tat <= NOW_US then
+    redis.call('HDEL', s.where, 'tat')
   else
-    redis.call('SET', key, tat, 'PX', expiry(cfg, (tat - NOW_US) / 1000))
+    save(cfg, s.where, s.tat - NOW_US, 'tat', s.tat)
   end
-end
-
-local function allow(cfg, keys, permits)
-  local key = keys[1]
-  local interval = emission(cfg)
-  local tolerance = interval * cfg.burst
-  local tat = load(cfg, key, tolerance)
-  local increment = interval * permits
-  local allowed_at = tat + increment - tolerance
-  local allowed, retry, ttl = 1, 0, tat - NOW_US
-  if NOW_US < allowed_at then
-    if not (permits > 0 and replayed()) then -- a re-run of a grant reports it, counting nothing
-      allowed, retry = 0, allowed_at - NOW_US
-      if increment > tolerance then
-        retry = -1
-      end
-    end
-  elseif increment > 0 and first_run() then
-    ttl = ttl + increment
-    store(cfg, key, tat + increment)
-    touch(cfg)
-  end
-  local remaining = 0
-  if tolerance - ttl > -interval then
-    remaining = math.floor((tolerance - ttl) / interval)
-  end
-  return { allowed, cfg.burst, math.max(0, remaining), retry, ttl }
-end
-
-local function release(cfg, keys, permits)
-  local key = keys[1]
-  if not first_run() then
-    return 0
-  end
-  local interval = emission(cfg)
-  local tat = load(cfg, key, interval * cfg.burst)
-  local back = math.min(permits, math.floor((tat - NOW_US) / interval))
-  store(cfg, key, tat - back * interval)
   return back
 end
-
-local TYPES = { 'string' }
-local settle = nil

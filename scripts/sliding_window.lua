@@ -1,127 +1,136 @@
--- Sliding window counters: the interval split into buckets sub-windows, aligned
--- to the Unix epoch; a decision sums the last `buckets` sub-windows, so no span
--- shorter than interval × (buckets − 1) / buckets holds more than rate grants.
--- State key: a hash {sub-window start in ms = permits granted in it}; stale
--- fields are dropped as they age and the key expires when the last one would.
--- Fields hold starts, not indexes, so they keep their place in time across an
--- interval change.
--- allow replies {allowed, limit, remaining, retry after µs, reset after µs}.
+-- Sliding window counters: the interval split into buckets sub-windows,
+-- aligned to the Unix epoch; a decision sums the last `buckets` sub-windows,
+-- so no span shorter than interval × (buckets − 1) / buckets holds more than
+-- rate grants.
+-- State: field counts, the live sub-windows oldest first, each as
+-- 'start:count' with start in ms, the first absolute and each next one as
+-- the ms since the one before ('1700000000000:3,1000:5'). Starts, not
+-- indexes, keep their place in time across an interval change. The state
+-- expires when the newest sub-window leaves the window.
 
--- starts returns when sub-window index begins, in µs (index × interval / buckets, in whole ms).
-local function starts(cfg, index)
-  return math.ceil(index * cfg.interval / cfg.buckets) * 1000
+algorithm.fields = { 'counts' }
+algorithm.types = { 'hash' }
+
+-- start_of returns when sub-window index begins, in ms.
+local function start_of(cfg, index)
+  return math.ceil(index * cfg.interval / cfg.buckets)
 end
 
--- load returns the current sub-window's index, the live sub-windows sorted
--- oldest first as {index, count, field} triples, their total, and the stale
--- fields. Time never goes back: a request whose clock is behind the newest
--- sub-window (clocks that disagree under WithClock, or a request that reached
--- Redis late) is decided as of that sub-window, so nothing it would have
--- counted has been dropped as stale already.
-local function load(cfg, key)
-  local flat = call(key, 'HGETALL', key)
+-- load returns the live sub-windows as a flat list of {index, count, start}
+-- triples, oldest first, their total and the current sub-window's index.
+-- Time never goes back: a request whose clock is behind the newest
+-- sub-window (clocks that disagree under WithClock, or a request that
+-- reached Redis late) is decided as of that sub-window, so nothing it would
+-- have counted has been dropped as stale already.
+function algorithm.load(cfg, where, counts)
   local current = math.floor(NOW_MS * cfg.buckets / cfg.interval)
-  local subs = {}
-  for i = 1, #flat, 2 do
-    local start = integer(key, 'sub-window', flat[i], 0, MAX / 1000) -- × buckets stays below 2^53
-    local index = math.floor(start * cfg.buckets / cfg.interval)
-    subs[#subs + 1] = { index, integer(key, flat[i], flat[i + 1], 0, MAX), flat[i] }
-    current = math.max(current, index)
-  end
-  local live, stale, total = {}, {}, 0
-  for _, sub in ipairs(subs) do
-    if sub[1] <= current - cfg.buckets then
-      stale[#stale + 1] = sub[3]
-    else
-      live[#live + 1] = sub
-      total = total + sub[2]
+  local stored, start = {}, 0
+  if counts then
+    if string.find(counts, '[^%d:,]') then
+      fail('corrupt ' .. where .. ': field counts = ' .. string.format('%q', counts))
+    end
+    for since, count in string.gmatch(counts, '(%d+):(%d+)') do
+      start = start + integer(where, 'counts', since, 0, MAX / 1000) -- × buckets stays below 2^53
+      local index = math.floor(start * cfg.buckets / cfg.interval)
+      stored[#stored + 1] = index
+      stored[#stored + 1] = integer(where, 'counts', count, 0, MAX)
+      stored[#stored + 1] = start
+      current = math.max(current, index)
     end
   end
-  table.sort(live, function(a, b) return a[1] < b[1] end)
-  return current, live, total, stale
+  -- Keep the live ones; after an interval change two may share an index.
+  local live, total = {}, 0
+  for i = 1, #stored, 3 do
+    if stored[i] > current - cfg.buckets then
+      if #live > 0 and live[#live - 2] == stored[i] then
+        live[#live - 1] = live[#live - 1] + stored[i + 1]
+        live[#live] = stored[i + 2]
+      else
+        live[#live + 1] = stored[i]
+        live[#live + 1] = stored[i + 1]
+        live[#live + 1] = stored[i + 2]
+      end
+      total = total + stored[i + 1]
+    end
+  end
+  return { where = where, current = current, live = live, total = total }
 end
 
--- reset_after is when the newest live sub-window leaves the window.
-local function reset_after(cfg, live)
-  if #live == 0 then
+-- reset_after is when the newest live sub-window leaves the window, in µs.
+local function reset_after(cfg, s)
+  if #s.live == 0 then
     return 0
   end
-  return starts(cfg, live[#live][1] + cfg.buckets) - NOW_US
+  return start_of(cfg, s.live[#s.live - 2] + cfg.buckets) * 1000 - NOW_US
 end
 
-local function store(cfg, key, live, stale)
-  if #stale > 0 then
-    redis.call('HDEL', key, unpack(stale))
+-- wait finds when enough of the oldest sub-windows have left the window.
+function algorithm.wait(cfg, s, permits)
+  local need = s.total + permits - cfg.rate
+  if need <= 0 then
+    return 0
   end
-  local reset = reset_after(cfg, live)
-  if reset > 0 then
-    redis.call('PEXPIRE', key, expiry(cfg, reset / 1000))
-  else
-    redis.call('DEL', key)
-  end
-end
-
--- retry_after finds when enough of the oldest sub-windows have left the window.
-local function retry_after(cfg, live, need)
   local freed = 0
-  for _, sub in ipairs(live) do
-    freed = freed + sub[2]
+  for i = 1, #s.live, 3 do
+    freed = freed + s.live[i + 1]
     if freed >= need then
-      return starts(cfg, sub[1] + cfg.buckets) - NOW_US
+      return start_of(cfg, s.live[i] + cfg.buckets) * 1000 - NOW_US
     end
   end
   return cfg.interval * 1000
 end
 
-local function allow(cfg, keys, permits)
-  local key = keys[1]
-  local current, live, total, stale = load(cfg, key)
-  local allowed, retry = 0, 0
-  if permits > cfg.rate then
-    retry = -1
-  elseif total + permits <= cfg.rate then
-    allowed = 1
-    if permits > 0 and first_run() then -- a re-run's grant is counted already
-      local field = starts(cfg, current) / 1000
-      redis.call('HINCRBY', key, field, permits)
-      if #live == 0 or live[#live][1] ~= current then
-        live[#live + 1] = { current, 0, field }
-      end
-      live[#live][2] = live[#live][2] + permits
-      total = total + permits
-      store(cfg, key, live, stale)
-      touch(cfg)
+-- store writes the sub-windows that still count; ttl_us as save's.
+local function store(cfg, s, ttl_us)
+  local parts, before = {}, 0
+  for i = 1, #s.live, 3 do
+    if s.live[i + 1] > 0 then
+      parts[#parts + 1] = string.format('%d:%d', s.live[i + 2] - before, s.live[i + 1])
+      before = s.live[i + 2]
     end
-  elseif permits > 0 and replayed() then
-    allowed = 1
-  else
-    retry = retry_after(cfg, live, total + permits - cfg.rate)
   end
-  return { allowed, cfg.rate, math.max(0, cfg.rate - total), retry, reset_after(cfg, live) }
+  if #parts == 0 then
+    redis.call('HDEL', s.where, 'counts')
+  else
+    save(cfg, s.where, ttl_us, 'counts', table.concat(parts, ','))
+  end
 end
 
--- release takes permits back from the newest sub-windows first.
-local function release(cfg, keys, permits)
-  local key = keys[1]
-  if not first_run() then
-    return 0
+-- commit counts the grant in the current sub-window; the key's expiry moves
+-- only when that sub-window is new.
+function algorithm.commit(cfg, s, permits)
+  local live, ttl = s.live, nil
+  if #live == 0 or live[#live - 2] ~= s.current then
+    live[#live + 1] = s.current
+    live[#live + 1] = 0
+    live[#live + 1] = start_of(cfg, s.current)
+    ttl = reset_after(cfg, s)
   end
-  local _, live, _, stale = load(cfg, key)
-  local left = permits
-  for i = #live, 1, -1 do
+  live[#live - 1] = live[#live - 1] + permits
+  s.total = s.total + permits
+  store(cfg, s, ttl)
+  return true
+end
+
+function algorithm.report(cfg, s)
+  return cfg.rate - s.total, reset_after(cfg, s)
+end
+
+-- release takes permits back from the newest sub-windows first; those it
+-- empties go, so the state may expire sooner.
+function algorithm.release(cfg, s, permits)
+  local live, left = s.live, permits
+  for i = #live - 2, 1, -3 do
     if left == 0 then break end
-    local back = math.min(left, live[i][2])
-    redis.call('HINCRBY', key, live[i][3], -back)
-    live[i][2] = live[i][2] - back
+    local back = math.min(left, live[i + 1])
+    live[i + 1] = live[i + 1] - back
     left = left - back
-    if live[i][2] == 0 then
-      redis.call('HDEL', key, live[i][3])
-      table.remove(live, i)
-    end
   end
-  store(cfg, key, live, stale)
+  while #live > 0 and live[#live - 1] == 0 do
+    table.remove(live)
+    table.remove(live)
+    table.remove(live)
+  end
+  store(cfg, s, reset_after(cfg, s))
   return permits - left
 end
-
-local TYPES = { 'hash' }
-local settle = nil

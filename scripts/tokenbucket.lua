@@ -2,9 +2,12 @@
 -- Redisson and Go services on redlimit can share one limiter.
 -- State keys: value, a string caching rate − Σ(permits in the log) (negative
 -- after a rate decrease, until grants age out); permits, the log: a zset with
--- score = grant time in ms and member = 0x10, 16 id bytes, count as uint32 LE.
--- A record at score s is out of the window once s <= now − interval.
--- allow replies {allowed, limit, remaining, retry after µs, reset after µs}.
+-- score = grant time in ms and member = 0x10, the 16-byte request id, the
+-- count as uint32 LE. A record at score s is out of the window once
+-- s <= now − interval. The record also tells a re-sent request: its member
+-- is in the log already.
+
+algorithm.types = { 'string', 'zset' }
 
 local function count_of(log, member)
   local n = #member
@@ -28,132 +31,124 @@ local function record(permits)
     math.floor(permits / 65536) % 256, math.floor(permits / 16777216) % 256)
 end
 
--- available returns rate − Σ(log in the window), dropping aged records when
--- write is set. The value key is a cache of it; when the cache is missing or
--- impossible the log is summed again, so losing it never resets the limiter.
-local function available(cfg, keys, write)
+-- load returns the permits available: rate − Σ(log in the window). The value
+-- key caches it; when the cache is missing or impossible the log is summed
+-- again, so losing it never resets the limiter. aged counts the records
+-- that left the window, for the next write to drop.
+function algorithm.load(cfg, keys)
   local value_key, log = keys[1], keys[2]
-  local cutoff = NOW_MS - cfg.interval
-  local aged = sum(log, call(log, 'ZRANGEBYSCORE', log, '-inf', cutoff))
-  if write and aged > 0 then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-  end
+  local s = { value_key = value_key, log = log, cutoff = NOW_MS - cfg.interval }
+  s.aged = sum(log, call(log, 'ZRANGEBYSCORE', log, '-inf', s.cutoff))
   local value = integer(value_key, 'value', call(value_key, 'GET', value_key), -MAX, MAX)
-  if value == nil or value + aged > cfg.rate then
-    return cfg.rate - sum(log, call(log, 'ZRANGEBYSCORE', log, '(' .. cutoff, '+inf')), true
+  if value == nil or value + s.aged > cfg.rate then
+    s.value, s.changed = cfg.rate - sum(log, call(log, 'ZRANGEBYSCORE', log, '(' .. s.cutoff, '+inf')), true
+  else
+    s.value = value + s.aged
   end
-  return value + aged, aged > 0
+  return s
 end
 
 -- reset_after is the time until the newest record ages out and the bucket is full.
-local function reset_after(cfg, log)
-  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+local function reset_after(cfg, s)
+  local newest = redis.call('ZRANGE', s.log, -1, -1, 'WITHSCORES')
   if #newest == 0 then
     return 0
   end
   return (tonumber(newest[2]) + cfg.interval) * 1000 - NOW_US
 end
 
--- save stores the new cache value, with both keys expiring when the log
--- empties, reset µs from now.
-local function save(cfg, keys, value, reset)
+-- store drops the aged records and caches the value, with both keys expiring
+-- when the log empties, reset µs from now.
+local function store(cfg, s, reset)
+  if s.aged > 0 then
+    redis.call('ZREMRANGEBYSCORE', s.log, '-inf', s.cutoff)
+    s.aged = 0
+  end
   if reset <= 0 then
-    redis.call('DEL', keys[1], keys[2])
+    redis.call('DEL', s.value_key, s.log)
     return
   end
-  local ttl = expiry(cfg, reset / 1000)
-  redis.call('SET', keys[1], value, 'PX', ttl)
-  redis.call('PEXPIRE', keys[2], ttl)
+  local ttl = expiry(cfg, reset)
+  redis.call('SET', s.value_key, s.value, 'PX', ttl)
+  redis.call('PEXPIRE', s.log, ttl)
 end
 
--- retry_after walks the log from the oldest record until enough permits free
--- up. It returns nil when the whole log frees too few: the cached value was
--- too low (a value key without its log), and the log is the truth.
-local function retry_after(cfg, log, need)
+-- wait walks the log from the oldest record until enough permits free up.
+-- When the whole log frees too few, the cached value was too low (a value
+-- key without its log): the log is the truth, and the value is rebuilt.
+function algorithm.wait(cfg, s, permits)
+  local need = permits - s.value
+  if need <= 0 then
+    return 0
+  end
   local freed = 0
-  local records = redis.call('ZRANGE', log, 0, need - 1, 'WITHSCORES')
+  local records = redis.call('ZRANGE', s.log, 0, need - 1, 'WITHSCORES')
   for i = 1, #records, 2 do
-    freed = freed + count_of(log, records[i])
+    freed = freed + count_of(s.log, records[i])
     if freed >= need then
       return (tonumber(records[i + 1]) + cfg.interval) * 1000 - NOW_US
     end
   end
-  if #records / 2 < need then
-    return nil, cfg.rate - freed
+  if #records / 2 < need and s.value ~= cfg.rate - freed then
+    s.value, s.changed = cfg.rate - freed, true
+    return algorithm.wait(cfg, s, permits)
   end
   return cfg.interval * 1000 -- records of several permits each: a full interval frees them all
 end
 
-local function allow(cfg, keys, permits)
-  local log = keys[2]
-  local write = permits > 0
-  local value, changed = available(cfg, keys, write)
-  local allowed, retry, reset = 0, 0, nil
-  if permits > cfg.rate then
-    retry = -1
-  else
-    if permits > value then
-      local rebuilt
-      retry, rebuilt = retry_after(cfg, log, permits - value)
-      if retry == nil then
-        value, changed, retry = rebuilt, true, 0
-        if permits > value then
-          retry = retry_after(cfg, log, permits - value)
-        end
-      end
-    end
-    if permits <= value then
-      allowed = 1
-      -- ZADD NX both records the grant and detects a re-sent request, whose
-      -- record (same id, same member) is in the log already.
-      if write and redis.call('ZADD', log, 'NX', NOW_MS, record(permits)) == 1 then
-        value = value - permits
-        changed = true
-        reset = (NOW_MS + cfg.interval) * 1000 - NOW_US
-        touch(cfg)
-      end
-    elseif write and redis.call('ZSCORE', log, record(permits)) then
-      allowed, retry = 1, 0 -- a re-sent request whose first run was granted
-    end
+-- commit records the grant with ZADD NX, which also tells a re-sent request:
+-- its record (same id, same member) is in the log already.
+function algorithm.commit(cfg, s, permits)
+  local counted = redis.call('ZADD', s.log, 'NX', NOW_MS, record(permits)) == 1
+  if counted then
+    s.value, s.changed = s.value - permits, true
+    s.reset = cfg.interval * 1000 - NOW_US % 1000
   end
-  reset = reset or reset_after(cfg, log)
-  if write and changed then
-    save(cfg, keys, value, reset)
+  if s.changed or s.aged > 0 then
+    store(cfg, s, s.reset or reset_after(cfg, s))
   end
-  return { allowed, cfg.rate, math.max(0, math.min(value, cfg.rate)), retry, reset }
+  return counted
+end
+
+function algorithm.resent(s, permits)
+  return redis.call('ZSCORE', s.log, record(permits)) ~= false
+end
+
+function algorithm.report(cfg, s)
+  return s.value, s.reset or reset_after(cfg, s)
 end
 
 -- release gives back up to permits, taking them off the newest records so
 -- that the log and the value stay in agreement.
-local function release(cfg, keys, permits)
-  local log = keys[2]
-  if not first_run() then
-    return 0
+function algorithm.release(cfg, s, permits)
+  if s.aged > 0 then
+    redis.call('ZREMRANGEBYSCORE', s.log, '-inf', s.cutoff)
+    s.aged = 0
   end
-  local value = available(cfg, keys, true)
   local left = permits
   while left > 0 do
-    local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+    local newest = redis.call('ZRANGE', s.log, -1, -1, 'WITHSCORES')
     if #newest == 0 then
       break
     end
-    local count = count_of(log, newest[1])
-    redis.call('ZREM', log, newest[1])
+    local count = count_of(s.log, newest[1])
+    redis.call('ZREM', s.log, newest[1])
     if count > left then
-      redis.call('ZADD', log, newest[2], record(count - left))
+      redis.call('ZADD', s.log, newest[2], record(count - left))
       count = left
     end
     left = left - count
   end
-  save(cfg, keys, value + permits - left, reset_after(cfg, log))
+  s.value = s.value + permits - left
+  store(cfg, s, reset_after(cfg, s))
   return permits - left
 end
 
 -- settle recomputes the cache from the log after a rate change.
-local function settle(cfg, keys)
+function algorithm.settle(cfg, keys)
   local log = keys[2]
   redis.call('ZREMRANGEBYSCORE', log, '-inf', NOW_MS - cfg.interval)
-  save(cfg, keys, cfg.rate - sum(log, call(log, 'ZRANGE', log, 0, -1)), reset_after(cfg, log))
+  local s = { value_key = keys[1], log = log, aged = 0 }
+  s.value = cfg.rate - sum(log, call(log, 'ZRANGE', log, 0, -1))
+  store(cfg, s, reset_after(cfg, s))
 end
-
-local TYPES = { 'string', 'zset' }
