@@ -136,9 +136,9 @@ func (c Config) validate() error {
 	return nil
 }
 
-// arg encodes c as one script argument, in the order scripts/common.lua
-// reads it. Zero Burst and Buckets go as they are: the scripts apply the
-// defaults, so Config reads back what was set.
-func (c Config) arg() any {
-	return fmt.Sprintf("%d %d %d %d %d %d", c.Rate, c.Interval.Milliseconds(), int64(c.Type), c.Burst, c.Buckets, c.KeepAlive.Milliseconds())
+// args encodes c for the scripts, in the order scripts/common.lua reads
+// them (ARGV[8 .. 13]). Zero Burst and Buckets go as they are: the scripts
+// apply the defaults, so Config reads back what was set.
+func (c Config) args() []any {
+	return []any{c.Rate, c.Interval.Milliseconds(), int64(c.Type), c.Burst, int64(c.Buckets), c.KeepAlive.Milliseconds()}
 }

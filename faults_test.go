@@ -279,7 +279,7 @@ func waitProgress(t *testing.T, runs []*faultRun, n int64) {
 func redisCounted(t *testing.T, admin *redis.Client, r *faultRun) int64 {
 	t.Helper()
 	ctx := context.Background()
-	state := r.limiter.keys[3:] // the shared state keys: this client's follow
+	state := r.limiter.keys[3:] // the token bucket's shared state keys: this client's follow
 	switch r.algo.name {
 	case "tokenbucket":
 		members, err := admin.ZRange(ctx, state[1], 0, -1).Result()
@@ -293,16 +293,18 @@ func redisCounted(t *testing.T, admin *redis.Client, r *faultRun) int64 {
 		require.NoError(t, err)
 		assert.Equal(t, r.cfg.Rate-sum, value, "the cached value agrees with the log")
 		return sum
-	case "fixed_window":
-		n, err := admin.HGet(ctx, state[0], "n").Int64()
+	case "fixed_window": // the others keep their Overall state in the config hash
+		n, err := admin.HGet(ctx, r.limiter.Name(), "count").Int64()
 		require.NoError(t, err)
 		return n
 	case "sliding_window":
-		counts, err := admin.HVals(ctx, state[0]).Result()
+		counts, err := admin.HGet(ctx, r.limiter.Name(), "counts").Result()
 		require.NoError(t, err)
 		var sum int64
-		for _, s := range counts {
-			n, err := strconv.ParseInt(s, 10, 64)
+		for _, sub := range strings.Split(counts, ",") {
+			_, count, ok := strings.Cut(sub, ":")
+			require.True(t, ok, counts)
+			n, err := strconv.ParseInt(count, 10, 64)
 			require.NoError(t, err)
 			sum += n
 		}
@@ -310,7 +312,7 @@ func redisCounted(t *testing.T, admin *redis.Client, r *faultRun) int64 {
 	case "funnel":
 		// TAT = first grant + n × emission; the first grant was less than
 		// one emission (an hour) ago.
-		tat, err := admin.Get(ctx, state[0]).Int64()
+		tat, err := admin.HGet(ctx, r.limiter.Name(), "tat").Int64()
 		require.NoError(t, err)
 		now, err := admin.Time(ctx).Result()
 		require.NoError(t, err)
@@ -383,10 +385,12 @@ func TestFaultScriptFlush(t *testing.T) {
 	assert.Zero(t, b.wire.get(b.wire.written, "eval"), "no EVAL was written to a socket")
 }
 
+// The re-sent scripts of killed connections and stalls count once with
+// WithRetryWindow; without it they would only count twice (deny sooner).
 func TestFaultClientKill(t *testing.T) {
 	b := newFaultBed(t, &redis.Options{})
 	ctx := context.Background()
-	runs := countingRuns(t, New(b.rdb))
+	runs := countingRuns(t, New(b.rdb, WithRetryWindow(15*time.Second)))
 	b.warm(t, runs)
 	wait := faultHammer(t, runs, faultWorkers, untilDenied)
 	var killed int64
@@ -422,7 +426,7 @@ func TestFaultStall(t *testing.T) {
 	inFlight := len(algorithms) * workers
 	b := newFaultBed(t, &redis.Options{ReadTimeout: 200 * time.Millisecond, MaxRetries: 8, PoolSize: 10 * inFlight})
 	ctx := context.Background()
-	runs := countingRuns(t, New(b.rdb))
+	runs := countingRuns(t, New(b.rdb, WithRetryWindow(15*time.Second)))
 	b.warm(t, runs)
 	var conns []*redis.Conn // each holds a connection of the pool until Close
 	for tries := 0; len(conns) < 8*inFlight && tries < 16*inFlight; tries++ {
@@ -675,7 +679,7 @@ func TestFaultMemory(t *testing.T) {
 	// nothing at all. Real time, an interval of 300ms, for every algorithm,
 	// Overall and PerClient, with the config as a default (no config key)
 	// and stored with a keep-alive of 1s (the config key expires too),
-	// through two clients whose replay markers are kept 300ms
+	// through two clients whose request logs keep ids 300ms
 	// (WithRetryWindow). While they run, no key is ever due to live more than
 	// 300ms on (a config, 1s).
 	//
@@ -758,7 +762,7 @@ func TestFaultMemory(t *testing.T) {
 	idle := time.Now()
 	inspect()
 	t.Logf("%d grants; keys of each kind, at most: %v", grants.Load(), seen)
-	for _, kind := range []string{"replay markers", "client registries", "per-client state", "configs", "shared state"} {
+	for _, kind := range []string{"request logs", "client registries", "per-client state", "configs", "shared state"} {
 		assert.Positive(t, seen[kind], "the limiters wrote %s", kind)
 	}
 
@@ -780,8 +784,8 @@ func TestFaultMemory(t *testing.T) {
 // keyKind names what a limiter's key holds, by its name.
 func keyKind(key string) string {
 	switch {
-	case strings.Contains(key, ":request:"):
-		return "replay markers"
+	case strings.HasSuffix(key, ":requests"):
+		return "request logs"
 	case strings.HasSuffix(key, ":clients"):
 		return "client registries"
 	case strings.HasSuffix(key, ":first") || strings.HasSuffix(key, ":second"):

@@ -40,7 +40,7 @@ func (c *Client) Throttle(ctx context.Context, key string, maxBurst, count int64
 	if err := cfg.validate(); err != nil {
 		return ThrottleResult{}, err
 	}
-	r, err := c.Funnel(key).decide(ctx, request{op: opAllow, n: quantity, source: sourceFixed, config: cfg.arg()})
+	r, err := c.Funnel(key).decide(ctx, request{op: opAllow, n: quantity, source: sourceFixed, config: cfg.args()})
 	if err != nil {
 		return ThrottleResult{}, err
 	}

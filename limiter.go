@@ -177,7 +177,7 @@ type Limiter struct {
 	name      string
 	keys      []string // see scripts/common.lua: config, client registry, request log, state keys
 	denialKey string   // in the local cache of denials
-	defaults  any      // the default config as a script argument; nil without one
+	defaults  []any    // the default config's script arguments; nil without one
 	dflt      Config
 	err       error
 }
@@ -252,7 +252,7 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 		d.err = errors.Join(d.err, err)
 		return &d
 	}
-	d.dflt, d.defaults = cfg, cfg.arg()
+	d.dflt, d.defaults = cfg, cfg.args()
 	return &d
 }
 
@@ -433,7 +433,7 @@ func (l *Limiter) setRate(ctx context.Context, op any, cfg Config) (bool, error)
 		return false, err
 	}
 	defer l.forgetDenial()
-	return l.everyClient(ctx, request{op: op, source: sourceNew, config: cfg.arg()})
+	return l.everyClient(ctx, request{op: op, source: sourceNew, config: cfg.args()})
 }
 
 // Reset forgets every client's usage and keeps the config.
@@ -494,7 +494,7 @@ type request struct {
 	op      any      // one of the ops below
 	n       int64    // permits, or milliseconds for expire
 	source  any      // of config: nil (the stored one, else the handle's default), sourceNew or sourceFixed
-	config  any      // with sourceNew or sourceFixed: Config.arg
+	config  []any    // with sourceNew or sourceFixed: Config.args
 	clients []string // other clients whose keys the op must reach
 }
 
@@ -505,7 +505,9 @@ var (
 	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
 
 	sourceNone, sourceDefault, sourceNew, sourceFixed any = "", "default", "new", "fixed"
-	noArg                                             any = ""
+
+	noArg    any = ""
+	noConfig     = []any{noArg, noArg, noArg, noArg, noArg, noArg}
 )
 
 // eval runs the limiter's script once: the one road from every method to
@@ -531,14 +533,15 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	}
 	source, config := req.source, req.config
 	if source == nil {
-		source, config = sourceNone, noArg
+		source, config = sourceNone, noConfig
 		if l.defaults != nil {
 			source, config = sourceDefault, l.defaults
 		}
 	}
 	keys := l.keys
-	args := make([]any, 0, 8+len(req.clients))
-	args = append(args, req.op, now, req.n, c.clientIDArg, id, c.retryWindowArg, source, config)
+	args := make([]any, 0, 13+len(req.clients))
+	args = append(args, req.op, now, req.n, c.clientIDArg, id, c.retryWindowArg, source)
+	args = append(args, config...)
 	if len(req.clients) > 0 {
 		keys = slices.Clone(keys)
 		for _, other := range req.clients {

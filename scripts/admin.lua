@@ -2,7 +2,7 @@
 -- created when one is asked for.
 
 -- state_keys returns a group's state keys: group 0 holds the Overall state,
--- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[9 ..].
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[14 ..].
 -- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
 -- and each client's in one key, from KEYS[4] on.
 local function state_keys(group)
@@ -72,7 +72,7 @@ end
 -- asks again with the missing ones.
 local function missing_clients()
   local given = {}
-  for i = 9, #ARGV do
+  for i = 14, #ARGV do
     given[ARGV[i]] = true
   end
   local missing = {}
@@ -93,12 +93,11 @@ local function delete_state()
 end
 
 local function write_config(cfg)
-  local rate, interval, type, burst, buckets, keepalive = string.match(ARGV[8], '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-  redis.call('HSET', KEYS[1], 'rate', rate, 'interval', interval, 'type', type, 'keepAliveTime', keepalive)
+  redis.call('HSET', KEYS[1], 'rate', ARGV[8], 'interval', ARGV[9], 'type', ARGV[10], 'keepAliveTime', ARGV[13])
   if ALGORITHM ~= 'tokenbucket' then
     redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
   end
-  for _, f in ipairs({ { 'burst', burst }, { 'buckets', buckets } }) do
+  for _, f in ipairs({ { 'burst', ARGV[11] }, { 'buckets', ARGV[12] } }) do
     if f[2] == '0' then
       redis.call('HDEL', KEYS[1], f[1])
     else

@@ -13,7 +13,7 @@
 -- KEYS[3]  request log: zset of recent request ids, score = when forgotten in ms
 -- KEYS[4 ..]  state keys, group by group (see state_keys): the Overall ones
 --          (none when they live in KEYS[1]), this client's, then those of
---          each client named in ARGV[9 ..]
+--          each client named in ARGV[14 ..]
 -- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl
 -- ARGV[2]  now in µs, or '' to read Redis TIME
 -- ARGV[3]  permits (allow, release) or milliseconds (expire)
@@ -21,15 +21,20 @@
 -- ARGV[5]  request id: the token bucket's record; logged when ARGV[6] is set
 -- ARGV[6]  how long the request log keeps an id, ms; '' for no log
 -- ARGV[7]  where the config comes from: '' (stored), 'default' (stored, else
---          ARGV[8]), 'fixed' (ARGV[8], whatever is stored), 'new' (set)
--- ARGV[8]  config: 'rate interval type burst buckets keepalive', or ''
--- ARGV[9 ..]  other clients' ids (admin ops)
+--          ARGV[8 .. 13]), 'fixed' (ARGV[8 .. 13], whatever is stored), 'new' (set)
+-- ARGV[8 .. 13]  rate, interval ms, type, burst, buckets, keep-alive ms
+-- ARGV[14 ..]  other clients' ids (admin ops)
 --
 -- Every number written or returned is an integer: Lua numbers are doubles and
 -- Redis truncates returned floats. Errors are raised as plain strings
 -- 'REDLIMIT …' at level 0 (no position); Redis and miniredis wrap them each
 -- their own way, and script.go takes the message back out. (No pcall around
 -- the script to return them cleanly: it costs more than the rest of a call.)
+--
+-- The decision path is written for Redis's time: each function call costs
+-- about as much as a small Redis command, so it uses operators where a call
+-- would do (x - x % 1 for floor, ARGV[i] + 0 for tonumber), and trusts the
+-- numbers Go sends; what Redis stores is checked.
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
@@ -49,9 +54,9 @@ if ARGV[2] == '' then
   local t = redis.call('TIME')
   NOW_US = t[1] * 1000000 + t[2]
 else
-  NOW_US = tonumber(ARGV[2])
+  NOW_US = ARGV[2] + 0
 end
-local NOW_MS = math.floor(NOW_US / 1000)
+local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
 local MAX = 9007199254740992 -- 2^53
 
 -- integer parses a stored field: a whole number within [min, max], or nil when absent.
@@ -60,7 +65,7 @@ local function integer(key, field, value, min, max)
     return nil
   end
   local n = tonumber(value)
-  if n == nil or n ~= math.floor(n) or n < min or n > max then
+  if n == nil or n % 1 ~= 0 or n < min or n > max then
     fail('corrupt ' .. key .. ': field ' .. field .. ' = ' .. string.format('%q', value))
   end
   return n
@@ -69,7 +74,7 @@ end
 -- The algorithm's file fills this in:
 --   fields     the names of its state's hash fields; nil when it keeps its
 --              own keys (the token bucket)
---   capacity   (cfg) the most permits one request can get; nil: cfg.rate
+--   capacity   the config field that bounds one request: 'rate' or 'burst'
 --   load       (cfg, where, ...) the state as of now: where is the hash
 --              holding it and ... the stored values of its fields; for the
 --              token bucket, where is its keys and ... nothing
@@ -81,18 +86,20 @@ end
 --   release    (cfg, s, permits) gives permits back, returns how many
 --   settle     (cfg, keys) optional: brings a group's state in line after SetRate
 --   types      the Redis type of each state key, for SetRate's checks
-local algorithm = {}
+local algorithm = { capacity = 'rate' }
 
--- config_from makes a config of stored or given values, defaults applied.
-local function config_from(key, rate, interval, type, burst, buckets, keepalive, stored)
+-- stored_config makes a config of the hash's fields f (HMGET order): every
+-- one is checked, as anything may have written them.
+local function stored_config(f)
+  local key = KEYS[1]
   local cfg = {
-    rate = integer(key, 'rate', rate, 1, MAX),
-    interval = integer(key, 'interval', interval, 1, MAX),
-    type = integer(key, 'type', type, 0, 1) or 0,
-    burst = integer(key, 'burst', burst, 0, MAX) or 0,
-    buckets = integer(key, 'buckets', buckets, 0, 1000) or 0,
-    keepalive = integer(key, 'keepAliveTime', keepalive, 0, MAX) or 0,
-    stored = stored,
+    rate = integer(key, 'rate', f[1], 1, MAX),
+    interval = integer(key, 'interval', f[2], 1, MAX),
+    type = integer(key, 'type', f[3], 0, 1) or 0,
+    burst = integer(key, 'burst', f[4], 0, MAX) or 0,
+    buckets = integer(key, 'buckets', f[5], 0, 1000) or 0,
+    keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
+    stored = true,
   }
   if cfg.rate == nil or cfg.interval == nil then
     fail('corrupt ' .. key .. ': rate or interval missing')
@@ -102,32 +109,38 @@ local function config_from(key, rate, interval, type, burst, buckets, keepalive,
   if cfg.buckets > cfg.interval or cfg.rate > cfg.interval * 1000 then
     fail('corrupt ' .. key .. ': rate or buckets too fine for the interval')
   end
+  if (f[7] or 'tokenbucket') ~= ALGORITHM then
+    fail('algorithm ' .. key .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
+  end
   return cfg
 end
 
+-- given_config is the config in ARGV[8 .. 13], which Go has checked.
 local function given_config()
-  local rate, interval, type, burst, buckets, keepalive =
-    string.match(ARGV[8], '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-  return config_from('arguments', rate, interval, type, burst, buckets, keepalive, false)
+  local cfg = {
+    rate = ARGV[8] + 0, interval = ARGV[9] + 0, type = ARGV[10] + 0,
+    burst = ARGV[11] + 0, buckets = ARGV[12] + 0, keepalive = ARGV[13] + 0,
+    stored = false,
+  }
+  if cfg.burst == 0 then cfg.burst = cfg.rate end
+  if cfg.buckets == 0 then cfg.buckets = 10 end
+  return cfg
 end
 
--- read_config returns the stored config (nil when there is none) and the
--- values of the algorithm's state fields, both read with one HMGET.
+-- read_config reads the limiter's hash once: it returns the stored config
+-- (nil when there is none) and what HMGET read, whose positions from 8 on
+-- are the Overall state's fields.
 local function read_config()
   local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
     'algorithm', unpack(algorithm.fields or {}))
-  if not f[1] and not f[2] then
+  if not f[1] and not f[2] and not f[7] then
     return nil, f
   end
-  if (f[7] or 'tokenbucket') ~= ALGORITHM then
-    fail('algorithm ' .. KEYS[1] .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
-  end
-  return config_from(KEYS[1], f[1], f[2], f[3], f[4], f[5], f[6], true), f
+  return stored_config(f), f
 end
 
--- config: stored in Redis > the handle's default > not initialized. It also
--- returns what read_config read, the Overall state's fields from position 8.
--- A 'fixed' config (Throttle) ignores a stored one, but leaves its expiry be.
+-- config: stored in Redis > the handle's default > not initialized. A
+-- 'fixed' config (Throttle) ignores a stored one, but leaves its expiry be.
 local function config()
   local source = ARGV[7]
   local cfg, f = read_config()
@@ -143,11 +156,13 @@ local function config()
   return given_config(), f
 end
 
--- expiry caps a separate state key's TTL so that no key outlives a stored
--- config (Expire, ExpireAt): state in KEYS[1] needs no cap.
-local function expiry(cfg, ttl_us)
-  local ttl_ms = math.max(1, math.ceil(ttl_us / 1000))
-  if cfg.stored and cfg.keepalive == 0 then
+-- expiry converts a state key's TTL in µs to whole ms, rounding up. For a
+-- separate key, it caps the TTL so that no key outlives a stored config
+-- (Expire, ExpireAt); state in KEYS[1] needs no cap.
+local function expiry(cfg, ttl_us, key)
+  local ttl_ms = (ttl_us + (-ttl_us) % 1000) / 1000
+  if ttl_ms < 1 then ttl_ms = 1 end
+  if key ~= KEYS[1] and cfg.stored and cfg.keepalive == 0 then
     local left = redis.call('PTTL', KEYS[1])
     if left > 0 and left < ttl_ms then
       return left
@@ -163,22 +178,8 @@ end
 -- or the keep-alive the dispatch refreshes).
 local function save(cfg, key, ttl_us, ...)
   redis.call('HSET', key, ...)
-  if ttl_us == nil then
-    return
-  elseif key ~= KEYS[1] then
-    redis.call('PEXPIRE', key, expiry(cfg, ttl_us))
-  elseif not cfg.stored then
-    redis.call('PEXPIRE', key, math.max(1, math.ceil(ttl_us / 1000)))
-  end
-end
-
--- touch runs after each grant: the registry lets Delete, Reset and Expire
--- reach every client's keys. It lives as long as any client's state can: one
--- interval, or the time a funnel takes to drain when its burst exceeds its rate.
-local function touch(cfg)
-  if cfg.type == 1 then
-    call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
-    redis.call('PEXPIRE', KEYS[2], expiry(cfg, math.max(cfg.interval, cfg.burst * cfg.interval / cfg.rate) * 1000))
+  if ttl_us ~= nil and (key ~= KEYS[1] or not cfg.stored) then
+    redis.call('PEXPIRE', key, expiry(cfg, ttl_us, key))
   end
 end
 
@@ -200,21 +201,11 @@ local function first_run()
   return true
 end
 
--- resent reports whether this request, about to be denied, is a re-run of
--- one that was granted.
-local function resent(s, permits)
-  if algorithm.resent then
-    return algorithm.resent(s, permits)
-  end
-  return ARGV[6] ~= '' and redis.call('ZSCORE', KEYS[3], ARGV[5]) ~= false
-end
-
 -- decide is every algorithm's allow, on s, the state algorithm.load read:
 -- {allowed, limit, remaining, retry after µs (-1: never), reset after µs}.
 -- Zero permits is a peek: it writes nothing.
 local function decide(cfg, s, permits)
-  local limit = cfg.rate
-  if algorithm.capacity then limit = algorithm.capacity(cfg) end
+  local limit = cfg[algorithm.capacity]
   local allowed, retry = 0, 0
   if permits > limit then
     retry = -1
@@ -222,15 +213,24 @@ local function decide(cfg, s, permits)
     local wait = algorithm.wait(cfg, s, permits)
     if wait <= 0 then
       allowed = 1
-      if permits > 0 and (algorithm.resent or first_run()) and algorithm.commit(cfg, s, permits) then
-        touch(cfg)
+      if permits > 0 and (algorithm.resent or first_run()) and algorithm.commit(cfg, s, permits)
+          and cfg.type == 1 then
+        -- The registry lets Delete, Reset and Expire reach every client's
+        -- keys. It lives as long as any client's state can: one interval, or
+        -- the time a funnel takes to drain when its burst exceeds its rate.
+        call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
+        local life = cfg.interval
+        if cfg.burst > cfg.rate then life = cfg.burst * cfg.interval / cfg.rate end
+        redis.call('PEXPIRE', KEYS[2], expiry(cfg, life * 1000, KEYS[2]))
       end
-    elseif permits > 0 and resent(s, permits) then
-      allowed = 1
+    elseif permits > 0 and (algorithm.resent and algorithm.resent(s, permits)
+        or ARGV[6] ~= '' and redis.call('ZSCORE', KEYS[3], ARGV[5])) then
+      allowed = 1 -- a re-sent script whose first run was granted
     else
       retry = wait
     end
   end
   local remaining, reset = algorithm.report(cfg, s)
-  return { allowed, limit, math.max(0, math.min(remaining, limit)), retry, reset }
+  if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+  return { allowed, limit, remaining, retry, reset }
 end

@@ -12,19 +12,21 @@ algorithm.types = { 'hash' }
 -- resetting it. The start is kept in ms, not as an index, so that it stays
 -- meaningful across an interval change.
 function algorithm.load(cfg, where, stored_start, stored_count)
-  local start = integer(where, 'window', stored_start, 0, MAX)
-  local count = integer(where, 'count', stored_count, 0, MAX)
-  if (start == nil) ~= (count == nil) then
-    fail('corrupt ' .. where .. ': half a window')
+  local window = NOW_MS - NOW_MS % cfg.interval
+  local s = { where = where, start = window, count = 0 }
+  if stored_start or stored_count then
+    local start = integer(where, 'window', stored_start, 0, MAX)
+    local count = integer(where, 'count', stored_count, 0, MAX)
+    if start == nil or count == nil then
+      fail('corrupt ' .. where .. ': half a window')
+    end
+    s.stored = start
+    start = start - start % cfg.interval
+    if start >= window then
+      s.start, s.count = start, count
+    end
   end
-  local window = math.floor(NOW_MS / cfg.interval)
-  local s = { where = where, stored = start, count = 0 }
-  if start ~= nil and math.floor(start / cfg.interval) >= window then
-    window = math.floor(start / cfg.interval)
-    s.count = count
-  end
-  s.start = window * cfg.interval
-  s.ends = (window + 1) * cfg.interval * 1000
+  s.ends = (s.start + cfg.interval) * 1000
   return s
 end
 
@@ -35,22 +37,21 @@ function algorithm.wait(cfg, s, permits)
   return s.ends - NOW_US
 end
 
--- store sets the key's expiry only when its window is new.
-local function store(cfg, s)
+-- store writes the window, setting the key's expiry only when the window is
+-- new: within one, a grant adds to the count and nothing else.
+local function store(cfg, s, permits)
   if s.count <= 0 then
     redis.call('HDEL', s.where, 'window', 'count')
-    return
+  elseif s.start ~= s.stored then
+    save(cfg, s.where, s.ends - NOW_US, 'window', s.start, 'count', s.count)
+  else
+    redis.call('HINCRBY', s.where, 'count', permits)
   end
-  local ttl
-  if s.start ~= s.stored then
-    ttl = s.ends - NOW_US
-  end
-  save(cfg, s.where, ttl, 'window', s.start, 'count', s.count)
 end
 
 function algorithm.commit(cfg, s, permits)
   s.count = s.count + permits
-  store(cfg, s)
+  store(cfg, s, permits)
   return true
 end
 
@@ -64,6 +65,6 @@ end
 function algorithm.release(cfg, s, permits)
   local back = math.min(permits, s.count)
   s.count = s.count - back
-  store(cfg, s)
+  store(cfg, s, -back)
   return back
 end

@@ -6,17 +6,23 @@
 algorithm.fields = { 'tat' }
 algorithm.types = { 'hash' }
 
-function algorithm.capacity(cfg)
-  return cfg.burst
-end
+algorithm.capacity = 'burst'
 
 -- load clamps the stored TAT to now at the earliest, and to a full funnel at
 -- the latest (the usage a rate decrease leaves behind fits the new capacity).
-function algorithm.load(cfg, where, tat)
-  local emission = math.floor(cfg.interval * 1000 / cfg.rate)
+function algorithm.load(cfg, where, stored)
+  local emission = cfg.interval * 1000 / cfg.rate
+  emission = emission - emission % 1
   local tolerance = emission * cfg.burst
-  tat = integer(where, 'tat', tat, 0, MAX) or NOW_US
-  tat = math.min(math.max(tat, NOW_US), NOW_US + tolerance)
+  local tat = NOW_US
+  if stored then
+    tat = integer(where, 'tat', stored, 0, MAX)
+    if tat < NOW_US then
+      tat = NOW_US
+    elseif tat > NOW_US + tolerance then
+      tat = NOW_US + tolerance
+    end
+  end
   return { where = where, emission = emission, tolerance = tolerance, tat = tat }
 end
 
@@ -26,7 +32,7 @@ end
 
 function algorithm.commit(cfg, s, permits)
   s.tat = s.tat + s.emission * permits
-  save(cfg, s.where, s.tat - NOW_US, 'tat', s.tat)
+  save(cfg, s.where, s.tat - NOW_US, 'tat', string.format('%d', s.tat))
   return true
 end
 
@@ -35,7 +41,8 @@ function algorithm.report(cfg, s)
   if s.tolerance - ttl <= -s.emission then
     return 0, ttl
   end
-  return math.floor((s.tolerance - ttl) / s.emission), ttl
+  local remaining = (s.tolerance - ttl) / s.emission
+  return remaining - remaining % 1, ttl
 end
 
 function algorithm.release(cfg, s, permits)
@@ -44,7 +51,7 @@ function algorithm.release(cfg, s, permits)
   if s.tat <= NOW_US then
     redis.call('HDEL', s.where, 'tat')
   else
-    save(cfg, s.where, s.tat - NOW_US, 'tat', s.tat)
+    save(cfg, s.where, s.tat - NOW_US, 'tat', string.format('%d', s.tat))
   end
   return back
 end

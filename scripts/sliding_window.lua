@@ -11,9 +11,11 @@
 algorithm.fields = { 'counts' }
 algorithm.types = { 'hash' }
 
--- start_of returns when sub-window index begins, in ms.
+-- start_of returns when sub-window index begins, in ms (index × interval /
+-- buckets, rounded up).
 local function start_of(cfg, index)
-  return math.ceil(index * cfg.interval / cfg.buckets)
+  local start = index * cfg.interval / cfg.buckets
+  return start + (-start) % 1
 end
 
 -- load returns the live sub-windows as a flat list of {index, count, start}
@@ -23,19 +25,26 @@ end
 -- reached Redis late) is decided as of that sub-window, so nothing it would
 -- have counted has been dropped as stale already.
 function algorithm.load(cfg, where, counts)
-  local current = math.floor(NOW_MS * cfg.buckets / cfg.interval)
+  local current = NOW_MS * cfg.buckets / cfg.interval
+  current = current - current % 1
   local stored, start = {}, 0
   if counts then
+    -- Digits only, so + 0 below cannot fail; starts stay below 2^53 / 1000
+    -- so that start × buckets is exact.
     if string.find(counts, '[^%d:,]') then
       fail('corrupt ' .. where .. ': field counts = ' .. string.format('%q', counts))
     end
     for since, count in string.gmatch(counts, '(%d+):(%d+)') do
-      start = start + integer(where, 'counts', since, 0, MAX / 1000) -- × buckets stays below 2^53
-      local index = math.floor(start * cfg.buckets / cfg.interval)
+      start = start + since
+      if start > MAX / 1000 then
+        fail('corrupt ' .. where .. ': field counts = ' .. string.format('%q', counts))
+      end
+      local index = start * cfg.buckets / cfg.interval
+      index = index - index % 1
       stored[#stored + 1] = index
-      stored[#stored + 1] = integer(where, 'counts', count, 0, MAX)
+      stored[#stored + 1] = count + 0
       stored[#stored + 1] = start
-      current = math.max(current, index)
+      if index > current then current = index end
     end
   end
   -- Keep the live ones; after an interval change two may share an index.
@@ -80,19 +89,21 @@ function algorithm.wait(cfg, s, permits)
   return cfg.interval * 1000
 end
 
--- store writes the sub-windows that still count; ttl_us as save's.
+-- store writes the sub-windows that still count; ttl_us as save's. (Numbers
+-- below 10^14 concatenate exactly.)
 local function store(cfg, s, ttl_us)
-  local parts, before = {}, 0
+  local counts, before = nil, 0
   for i = 1, #s.live, 3 do
     if s.live[i + 1] > 0 then
-      parts[#parts + 1] = string.format('%d:%d', s.live[i + 2] - before, s.live[i + 1])
+      local entry = (s.live[i + 2] - before) .. ':' .. s.live[i + 1]
+      if counts then counts = counts .. ',' .. entry else counts = entry end
       before = s.live[i + 2]
     end
   end
-  if #parts == 0 then
-    redis.call('HDEL', s.where, 'counts')
+  if counts then
+    save(cfg, s.where, ttl_us, 'counts', counts)
   else
-    save(cfg, s.where, ttl_us, 'counts', table.concat(parts, ','))
+    redis.call('HDEL', s.where, 'counts')
   end
 end
 

@@ -68,21 +68,21 @@ local function store(cfg, s, reset)
     redis.call('DEL', s.value_key, s.log)
     return
   end
-  local ttl = expiry(cfg, reset)
+  local ttl = expiry(cfg, reset, s.value_key)
   redis.call('SET', s.value_key, s.value, 'PX', ttl)
   redis.call('PEXPIRE', s.log, ttl)
 end
 
--- wait walks the log from the oldest record until enough permits free up.
--- When the whole log frees too few, the cached value was too low (a value
--- key without its log): the log is the truth, and the value is rebuilt.
-function algorithm.wait(cfg, s, permits)
+-- until_free walks the log from the oldest record until enough permits free
+-- up. When the whole log frees too few, the cached value was too low (a
+-- value key without its log): the log is the truth, and the value is rebuilt.
+local function until_free(cfg, s, permits)
   local need = permits - s.value
   if need <= 0 then
     return 0
   end
   local freed = 0
-  local records = redis.call('ZRANGE', s.log, 0, need - 1, 'WITHSCORES')
+  local records = redis.call('ZRANGEBYSCORE', s.log, '(' .. s.cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
   for i = 1, #records, 2 do
     freed = freed + count_of(s.log, records[i])
     if freed >= need then
@@ -91,9 +91,19 @@ function algorithm.wait(cfg, s, permits)
   end
   if #records / 2 < need and s.value ~= cfg.rate - freed then
     s.value, s.changed = cfg.rate - freed, true
-    return algorithm.wait(cfg, s, permits)
+    return until_free(cfg, s, permits)
   end
   return cfg.interval * 1000 -- records of several permits each: a full interval frees them all
+end
+
+-- wait is until_free; a denial still repairs a cache it found wrong, as a
+-- Redisson client sharing the limiter reads the value key alone.
+function algorithm.wait(cfg, s, permits)
+  local wait = until_free(cfg, s, permits)
+  if wait > 0 and permits > 0 and s.changed then
+    store(cfg, s, reset_after(cfg, s))
+  end
+  return wait
 end
 
 -- commit records the grant with ZADD NX, which also tells a re-sent request:
