@@ -43,15 +43,20 @@ func newScript(file string, stateKeys int) *script {
 
 // run executes s with EVALSHA. A server without it (restarted, failed over,
 // SCRIPT FLUSH, a new Cluster node: the script cache is neither persisted nor
-// replicated) answers NOSCRIPT; run then loads it with SCRIPT LOAD and tries
-// once more.
+// replicated) answers NOSCRIPT; run then has it loaded (reload) and tries
+// again. With several servers (Cluster shards, Ring) caches empty at
+// different moments, so a retry can meet NOSCRIPT again, from a server that
+// lost the script after the load it waited for: each such answer gets a load
+// of its own, up to maxScriptRuns EVALSHAs in all.
 func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
 	sent := time.Now()
 	reply, err := c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
-	if isNoScript(err) {
-		if err := c.reload(ctx, s, sent); err != nil {
+	for runs := 1; isNoScript(err) && runs < maxScriptRuns; runs++ {
+		answered := time.Now()
+		if err := c.reload(ctx, s, sent, answered, runs > 1); err != nil {
 			return nil, fmt.Errorf("loading script %s: %w", s.name, scriptError(err))
 		}
+		sent = time.Now()
 		reply, err = c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
 	}
 	if err != nil {
@@ -60,26 +65,40 @@ func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any)
 	return reply, nil
 }
 
-// reload loads s once for all the callers that met NOSCRIPT together: one
-// whose EVALSHA was sent before another's load completed only tries again.
-func (c *Client) reload(ctx context.Context, s *script, sent time.Time) error {
+// maxScriptRuns bounds the EVALSHAs of one call. Every NOSCRIPT after the
+// first means a server emptied its cache again after a load sent for this
+// call: a call still meeting NOSCRIPT after this many ends with ErrUnavailable.
+const maxScriptRuns = 5
+
+// reload loads s once for all the callers that met NOSCRIPT together. The
+// caller's EVALSHA was sent at sent and answered NOSCRIPT at answered.
+//
+// On a first NOSCRIPT, a load that completed after sent is taken as the cure:
+// the EVALSHA may have reached the server before that load did, and this is
+// what keeps it to one SCRIPT LOAD per flush for any number of callers. That
+// guess is wrong when the server lost the script again after the load reached
+// it (another flush, a restart, a failover): the retry then meets NOSCRIPT
+// and comes back with again set. Then only a load begun after answered
+// counts, as it reaches every server after whatever emptied this one.
+func (c *Client) reload(ctx context.Context, s *script, sent, answered time.Time, again bool) error {
 	v, _ := c.loads.LoadOrStore(s, &scriptLoad{})
 	l := v.(*scriptLoad)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.done.After(sent) {
+	if (!again && l.done.After(sent)) || (again && l.began.After(answered)) {
 		return nil
 	}
+	began := time.Now()
 	if err := s.load(ctx, c.rdb); err != nil {
 		return err
 	}
-	l.done = time.Now()
+	l.began, l.done = began, time.Now()
 	return nil
 }
 
 type scriptLoad struct {
-	mu   sync.Mutex
-	done time.Time // when the last load completed
+	mu          sync.Mutex
+	began, done time.Time // the last load that succeeded: when it was sent, when every server had answered
 }
 
 // load sends SCRIPT LOAD. ClusterClient sends it to every shard itself; a Ring
