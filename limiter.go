@@ -172,7 +172,7 @@ type Limiter struct {
 
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	full := c.prefix + name
-	l := &Limiter{client: c, alg: alg, name: full, requestKey: keyOf(full, "request:"), denialKey: alg.script.name + ":" + full}
+	l := &Limiter{client: c, alg: alg, name: full, requestKey: keyOf(full, "request:"), denialKey: denialKey(alg.script.name+":"+full, sourceNone, nil)}
 	if err := validName(name, full); err != nil {
 		l.err = err
 		return l
@@ -227,6 +227,7 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 		return &d
 	}
 	d.dflt, d.defaults = cfg, cfg.args()
+	d.denialKey = d.withDefaultDenialKey(d.defaults)
 	return &d
 }
 
@@ -266,8 +267,10 @@ func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
 	var r Result
 	var err error
 	cached := false
+	var cacheKey string
 	if c.denials != nil && req.n > 0 && l.err == nil {
-		r, cached = c.denials.lookup(l.denialKey, req.n, c.clock())
+		cacheKey = l.denialKeyFor(req)
+		r, cached = c.denials.lookup(cacheKey, req.n, c.clock())
 	}
 	if !cached {
 		var reply any
@@ -275,7 +278,7 @@ func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
 			r, err = parseResult(reply)
 		}
 		if err == nil && c.denials != nil && req.n > 0 {
-			c.denials.store(l.denialKey, req.n, r, c.clock())
+			c.denials.store(cacheKey, req.n, r, c.clock())
 		}
 	}
 	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable)
