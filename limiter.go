@@ -44,8 +44,15 @@ var (
 	// ErrUnexpectedReply: Redis answered with a reply the scripts never send.
 	ErrUnexpectedReply = errors.New("redlimit: unexpected reply")
 	// ErrUnavailable: Redis could not decide (unreachable, timed out, loading,
-	// failing over, out of memory...). The error wraps the cause too.
+	// failing over, out of memory, the caller's context ended before it
+	// answered...). The error wraps the cause too, and the context's error.
 	ErrUnavailable = errors.New("redlimit: redis unavailable")
+	// ErrMisconfigured: Redis refused the call for a reason only its operator
+	// can fix (NOPERM, NOAUTH, WRONGPASS, unknown command...). Not an outage:
+	// never failed open. The error wraps the refusal.
+	ErrMisconfigured = errors.New("redlimit: redis misconfigured")
+	// ErrBreakerOpen: WithBreaker answered without asking Redis. It wraps ErrUnavailable.
+	ErrBreakerOpen = fmt.Errorf("%w: breaker open", ErrUnavailable)
 )
 
 // Client makes limiters that share one Redis connection and options. It is
@@ -61,6 +68,7 @@ type Client struct {
 	failOpen    bool
 	sleep       func(ctx context.Context, d time.Duration) error
 	loads       sync.Map // *script → *scriptLoad, see Client.reload
+	breaker     *breaker // nil unless WithBreaker
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any
