@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -107,4 +108,102 @@ func TestScriptLossStaggered(t *testing.T) {
 		assert.LessOrEqual(t, loads, 2*len(primaries)*len(algorithms), "run %d: single-flight", run)
 	}
 	t.Logf("%d runs: %d NOSCRIPT errors surfaced", runs, noScript)
+}
+
+// holdHook holds the first EVALSHA sent with a held context until release is
+// closed, so that other calls, loads and flushes can happen while it is on
+// its way; after a SCRIPT LOAD it runs afterLoad, if set, once.
+type holdHook struct {
+	held, release chan struct{}
+	once          sync.Once
+	afterLoad     func()
+	loadOnce      sync.Once
+}
+
+type holdKey struct{}
+
+func (*holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" && ctx.Value(holdKey{}) != nil {
+			h.once.Do(func() {
+				close(h.held)
+				<-h.release
+			})
+		}
+		err := next(ctx, cmd)
+		if args := cmd.Args(); cmd.Name() == "script" && fmt.Sprint(args[1]) == "load" && h.afterLoad != nil {
+			h.loadOnce.Do(h.afterLoad)
+		}
+		return err
+	}
+}
+func (*holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// The two ways a retry met NOSCRIPT again, each played step by step on one
+// server: the bug TestScriptLossStaggered finds by chance, made certain.
+func TestScriptLossSteps(t *testing.T) {
+	servers := map[string]func(t *testing.T) *redis.Client{
+		"miniredis": func(t *testing.T) *redis.Client {
+			rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+			t.Cleanup(func() { rdb.Close() })
+			return rdb
+		},
+		"redis": func(t *testing.T) *redis.Client { return redistest.Shared(t).Client(t) },
+	}
+	for backend, server := range servers {
+		t.Run(backend, func(t *testing.T) {
+			ctx := context.Background()
+			admin := server(t)
+			// setup returns a limiter whose script the server has just lost,
+			// and the SCRIPT LOADs sent from then on.
+			setup := func(t *testing.T) (*Limiter, *holdHook, func() int) {
+				rdb := redis.NewClient(admin.Options())
+				t.Cleanup(func() { rdb.Close() })
+				hook := &holdHook{held: make(chan struct{}), release: make(chan struct{})}
+				log := &commandLog{}
+				rdb.AddHook(log)
+				rdb.AddHook(hook)
+				l := New(rdb).FixedWindow(uniqueName(t)).WithDefault(Per(100, time.Hour))
+				_, err := l.Allow(ctx, 0) // loaded
+				require.NoError(t, err)
+				require.NoError(t, admin.ScriptFlush(ctx).Err())
+				before := log.count("script load")
+				return l, hook, func() int { return log.count("script load") - before }
+			}
+
+			// A caller's EVALSHA is on its way while another caller meets
+			// NOSCRIPT and loads; the server is flushed again after that
+			// load and before the first EVALSHA arrives. The first caller's
+			// NOSCRIPT comes after a load that completed after it was sent,
+			// which it used to take as its cure.
+			t.Run("flushed after another's load", func(t *testing.T) {
+				l, hook, loads := setup(t)
+				done := make(chan error)
+				go func() {
+					_, err := l.Allow(context.WithValue(ctx, holdKey{}, true), 1)
+					done <- err
+				}()
+				<-hook.held
+				_, err := l.Allow(ctx, 1) // NOSCRIPT, loads, granted
+				require.NoError(t, err)
+				require.NoError(t, admin.ScriptFlush(ctx).Err())
+				close(hook.release)
+				assert.NoError(t, <-done)
+				assert.Equal(t, 2, loads(), "the other caller's, and one for the second flush")
+			})
+
+			// The server is flushed between a caller's own load and its retry.
+			t.Run("flushed after its own load", func(t *testing.T) {
+				l, hook, loads := setup(t)
+				close(hook.release)
+				hook.afterLoad = func() { require.NoError(t, admin.ScriptFlush(ctx).Err()) }
+				_, err := l.Allow(ctx, 1)
+				assert.NoError(t, err)
+				assert.Equal(t, 2, loads(), "one for each flush")
+			})
+		})
+	}
 }
