@@ -11,20 +11,20 @@ import (
 )
 
 // WithBreaker makes the Client fail fast while Redis is down. After failures
-// consecutive calls in a row end in ErrUnavailable, every call ends in
-// ErrUnavailable (wrapping ErrBreakerOpen and the last failure) at once,
-// without asking Redis, for coolDown. Then one call goes to Redis as a probe
-// while the others still fail fast: if Redis answers, calls flow again; if
-// not, another coolDown starts. Defaults: failures 5 (when < 1), coolDown 1s
-// (when <= 0).
+// calls in a row end in ErrUnavailable, every call ends at once, without
+// asking Redis, in ErrUnavailable (wrapping ErrBreakerOpen and the last
+// failure) for coolDown. Then one call goes to Redis as a probe while the
+// others still fail fast: if Redis answers, calls flow again; if not, another
+// coolDown starts. Defaults: failures 5 (when < 1), coolDown 1s (when <= 0).
 //
 // Without it each call during an outage waits for go-redis to give up (its
 // dial and read timeouts, times its retries: seconds with the defaults);
 // with it, WithFailOpen grants and failing closed denies in microseconds.
-// Answers that prove Redis is up (grants, denials, ErrCorruptState,
-// ErrMisconfigured...) reset the count; calls whose context was cancelled
-// count neither way, as the caller gave up, not Redis. A context deadline
-// passing before Redis answers counts as a failure: a hung Redis looks like that.
+// Any answer from Redis (a grant, a denial, ErrCorruptState,
+// ErrMisconfigured...) starts the count again. A call whose context was
+// cancelled counts neither way: the caller gave up, not Redis. A context
+// deadline passing before Redis answers counts as a failure: a hung Redis
+// looks like that.
 func WithBreaker(failures int, coolDown time.Duration) Option {
 	if failures < 1 {
 		failures = 5
