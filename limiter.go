@@ -44,8 +44,15 @@ var (
 	// ErrUnexpectedReply: Redis answered with a reply the scripts never send.
 	ErrUnexpectedReply = errors.New("redlimit: unexpected reply")
 	// ErrUnavailable: Redis could not decide (unreachable, timed out, loading,
-	// failing over, out of memory...). The error wraps the cause too.
+	// failing over, out of memory, the caller's context ended before it
+	// answered...). The error wraps the cause too, and the context's error.
 	ErrUnavailable = errors.New("redlimit: redis unavailable")
+	// ErrMisconfigured: Redis refused the call for a reason only its operator
+	// can fix (NOPERM, NOAUTH, WRONGPASS, unknown command...). Not an outage:
+	// never failed open. The error wraps the refusal.
+	ErrMisconfigured = errors.New("redlimit: redis misconfigured")
+	// ErrBreakerOpen: WithBreaker answered without asking Redis. It wraps ErrUnavailable.
+	ErrBreakerOpen = fmt.Errorf("%w: breaker open", ErrUnavailable)
 )
 
 // Client makes limiters that share one Redis connection and options. It is
@@ -61,6 +68,7 @@ type Client struct {
 	failOpen    bool
 	sleep       func(ctx context.Context, d time.Duration) error
 	loads       sync.Map // *script → *scriptLoad, see Client.reload
+	breaker     *breaker // nil unless WithBreaker
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any
@@ -184,7 +192,7 @@ type Limiter struct {
 
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	full := fullName(c.prefix, name)
-	l := &Limiter{client: c, alg: alg, name: full, denialKey: alg.name + ":" + full}
+	l := &Limiter{client: c, alg: alg, name: full, denialKey: denialKey(alg.name+":"+full, sourceNone, nil)}
 	if err := validName(name, full); err != nil {
 		l.err = err
 		return l
@@ -253,6 +261,7 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 		return &d
 	}
 	d.dflt, d.defaults = cfg, cfg.args()
+	d.denialKey = d.withDefaultDenialKey(d.defaults)
 	return &d
 }
 
@@ -292,8 +301,10 @@ func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
 	var r Result
 	var err error
 	cached := false
+	var cacheKey string
 	if c.denials != nil && req.n > 0 && l.err == nil {
-		r, cached = c.denials.lookup(l.denialKey, req.n, c.clock())
+		cacheKey = l.denialKeyFor(req)
+		r, cached = c.denials.lookup(cacheKey, req.n, c.clock())
 	}
 	if !cached {
 		var reply any
@@ -301,7 +312,7 @@ func (l *Limiter) decide(ctx context.Context, req request) (Result, error) {
 			r, err = parseResult(reply)
 		}
 		if err == nil && c.denials != nil && req.n > 0 {
-			c.denials.store(l.denialKey, req.n, r, c.clock())
+			c.denials.store(cacheKey, req.n, r, c.clock())
 		}
 	}
 	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable)

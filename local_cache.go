@@ -1,6 +1,8 @@
 package redlimit
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,14 +19,22 @@ import (
 // a stale denial lasts at most the RetryAfter Redis gave, which is at most
 // Interval (a funnel's Burst × Interval / Rate). SetRate, TrySetRate, Reset,
 // Delete, Release and Expire on this Client drop its cached denials at once.
-// Requests for fewer permits, and peeks, always go to Redis.
+// Requests for fewer permits, and peeks, always go to Redis. A denial answers
+// only requests decided the same way: the same algorithm, name and config
+// (the handle's default, or Throttle's arguments).
 func WithLocalCache() Option {
 	return func(c *Client) { c.denials = &denials{} }
 }
 
-// denials maps a limiter (name and algorithm) to its latest denial.
+// denials holds the latest denial of each way a limiter is decided. Redis
+// decides by the algorithm, the name and the config the script is given: the
+// stored one; a handle's default while none is stored; Throttle's arguments
+// whatever is stored. So two handles with different defaults, or Throttle and
+// Funnel on one key, each get their own entry, and a denial answers only
+// requests Redis would decide as it did. Entries are grouped by limiter so
+// that a local change (forget) drops all of them at once.
 type denials struct {
-	m      sync.Map // string → denial
+	m      sync.Map // limiter (algorithm:name) → *sync.Map: decision (see denialKey) → denial
 	stored atomic.Int64
 }
 
@@ -35,19 +45,55 @@ type denial struct {
 	at      time.Time
 }
 
+// denialKey names one way of deciding a limiter: limiter, then a NUL (which
+// the decision part never holds, so the last NUL splits them whatever the
+// name holds), then the config source and config the script is given.
+func denialKey(limiter string, source any, config []any) string {
+	if config == nil {
+		return limiter + "\x00" + fmt.Sprint(source)
+	}
+	return limiter + "\x00" + fmt.Sprint(source, config)
+}
+
+func splitDenialKey(key string) (limiter, decision string) {
+	at := strings.LastIndexByte(key, 0)
+	return key[:at], key[at+1:]
+}
+
+// denialKeyFor returns where req's denial is cached: the handle's own key,
+// or for a request carrying its own config (Throttle) a key for that config.
+func (l *Limiter) denialKeyFor(req request) string {
+	if req.config == nil {
+		return l.denialKey
+	}
+	limiter, _ := splitDenialKey(l.denialKey)
+	return denialKey(limiter, req.source, req.config)
+}
+
+// withDefaultDenialKey is l's key once its handle has the default config.
+func (l *Limiter) withDefaultDenialKey(config []any) string {
+	limiter, _ := splitDenialKey(l.denialKey)
+	return denialKey(limiter, sourceDefault, config)
+}
+
 // sweepEvery bounds the memory of limiters that stop being asked: every so
 // many stores, expired denials are dropped.
 const sweepEvery = 1024
 
-// lookup returns the cached denial of permits on key, as it stands at now.
+// lookup returns the cached denial of permits under key, as it stands at now.
 func (d *denials) lookup(key string, permits int64, now time.Time) (Result, bool) {
-	v, ok := d.m.Load(key)
+	limiter, decision := splitDenialKey(key)
+	ways, ok := d.m.Load(limiter)
+	if !ok {
+		return Result{}, false
+	}
+	v, ok := ways.(*sync.Map).Load(decision)
 	if !ok {
 		return Result{}, false
 	}
 	e := v.(denial)
 	if !now.Before(e.until) {
-		d.m.CompareAndDelete(key, v)
+		ways.(*sync.Map).CompareAndDelete(decision, v)
 		return Result{}, false
 	}
 	if permits < e.permits {
@@ -59,20 +105,45 @@ func (d *denials) lookup(key string, permits int64, now time.Time) (Result, bool
 	return r, true
 }
 
-// store remembers r, a denial of permits on key decided at now.
+// store remembers r, a denial of permits under key decided at now.
 func (d *denials) store(key string, permits int64, r Result, now time.Time) {
 	if r.Allowed || r.RetryAfter <= 0 {
 		return // a grant, or a request that can never succeed (an error, not cached)
 	}
-	d.m.Store(key, denial{until: now.Add(r.RetryAfter), permits: permits, result: r, at: now})
+	limiter, decision := splitDenialKey(key)
+	ways, ok := d.m.Load(limiter)
+	if !ok {
+		ways, _ = d.m.LoadOrStore(limiter, &sync.Map{})
+	}
+	ways.(*sync.Map).Store(decision, denial{until: now.Add(r.RetryAfter), permits: permits, result: r, at: now})
 	if d.stored.Add(1)%sweepEvery == 0 {
-		d.m.Range(func(k, v any) bool {
-			if !now.Before(v.(denial).until) {
-				d.m.CompareAndDelete(k, v)
-			}
-			return true
-		})
+		d.sweep(now)
 	}
 }
 
-func (d *denials) forget(key string) { d.m.Delete(key) }
+// sweep drops expired denials, and limiters left with none. A denial stored
+// into a limiter's map just as it is dropped is lost: a round trip, no harm.
+func (d *denials) sweep(now time.Time) {
+	d.m.Range(func(limiter, ways any) bool {
+		empty := true
+		ways.(*sync.Map).Range(func(decision, v any) bool {
+			if !now.Before(v.(denial).until) {
+				ways.(*sync.Map).CompareAndDelete(decision, v)
+			} else {
+				empty = false
+			}
+			return true
+		})
+		if empty {
+			d.m.CompareAndDelete(limiter, ways)
+		}
+		return true
+	})
+}
+
+// forget drops every cached denial of the limiter key belongs to, whatever
+// way it was decided.
+func (d *denials) forget(key string) {
+	limiter, _ := splitDenialKey(key)
+	d.m.Delete(limiter)
+}

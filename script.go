@@ -42,45 +42,76 @@ func newScript(name, file string, stateKeys int) *script {
 	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
 }
 
-// run executes s with EVALSHA. A server without it (restarted, failed over,
-// SCRIPT FLUSH, a new Cluster node: the script cache is neither persisted nor
-// replicated) answers NOSCRIPT; run then loads it with SCRIPT LOAD and tries
-// once more.
+// run executes s: the one road from every method to Redis. With WithBreaker,
+// the breaker may answer instead, and learns from the outcome.
 func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
+	pass, err := c.breaker.enter()
+	if err != nil {
+		return nil, err
+	}
+	reply, err := c.evalSha(ctx, s, keys, args...)
+	c.breaker.leave(pass, err)
+	return reply, err
+}
+
+// evalSha runs s with EVALSHA. A server without it (restarted, failed over,
+// SCRIPT FLUSH, a new Cluster node: the script cache is neither persisted nor
+// replicated) answers NOSCRIPT; evalSha then has it loaded (reload) and tries
+// again. With several servers (Cluster shards, Ring) caches empty at
+// different moments, so a retry can meet NOSCRIPT again, from a server that
+// lost the script after the load it waited for: each such answer gets a load
+// of its own, up to maxScriptRuns EVALSHAs in all.
+func (c *Client) evalSha(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
 	sent := time.Now()
 	reply, err := c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
-	if isNoScript(err) {
-		if err := c.reload(ctx, s, sent); err != nil {
-			return nil, fmt.Errorf("loading script %s: %w", s.name, scriptError(err))
+	for runs := 1; isNoScript(err) && runs < maxScriptRuns; runs++ {
+		answered := time.Now()
+		if err := c.reload(ctx, s, sent, answered, runs > 1); err != nil {
+			return nil, fmt.Errorf("%w (loading script %s)", scriptError(ctx, err), s.name)
 		}
+		sent = time.Now()
 		reply, err = c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
 	}
 	if err != nil {
-		return nil, scriptError(err)
+		return nil, scriptError(ctx, err)
 	}
 	return reply, nil
 }
 
-// reload loads s once for all the callers that met NOSCRIPT together: one
-// whose EVALSHA was sent before another's load completed only tries again.
-func (c *Client) reload(ctx context.Context, s *script, sent time.Time) error {
+// maxScriptRuns bounds the EVALSHAs of one call. Every NOSCRIPT after the
+// first means a server emptied its cache again after a load sent for this
+// call: a call still meeting NOSCRIPT after this many ends with ErrUnavailable.
+const maxScriptRuns = 5
+
+// reload loads s once for all the callers that met NOSCRIPT together. The
+// caller's EVALSHA was sent at sent and answered NOSCRIPT at answered.
+//
+// On a first NOSCRIPT, a load that completed after sent is taken as the cure:
+// the EVALSHA may have reached the server before that load did, and this is
+// what keeps it to one SCRIPT LOAD per flush for any number of callers. That
+// guess is wrong when the server lost the script again after the load reached
+// it (another flush, a restart, a failover): the retry then meets NOSCRIPT
+// and comes back with again set. Then only a load begun after answered
+// counts, as it reaches every server after whatever emptied this one.
+func (c *Client) reload(ctx context.Context, s *script, sent, answered time.Time, again bool) error {
 	v, _ := c.loads.LoadOrStore(s, &scriptLoad{})
 	l := v.(*scriptLoad)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.done.After(sent) {
+	if (!again && l.done.After(sent)) || (again && l.began.After(answered)) {
 		return nil
 	}
+	began := time.Now()
 	if err := s.load(ctx, c.rdb); err != nil {
 		return err
 	}
-	l.done = time.Now()
+	l.began, l.done = began, time.Now()
 	return nil
 }
 
 type scriptLoad struct {
-	mu   sync.Mutex
-	done time.Time // when the last load completed
+	mu          sync.Mutex
+	began, done time.Time // the last load that succeeded: when it was sent, when every server had answered
 }
 
 // load sends SCRIPT LOAD. ClusterClient sends it to every shard itself; a Ring
@@ -94,20 +125,46 @@ func (s *script) load(ctx context.Context, rdb redis.Scripter) error {
 	return rdb.ScriptLoad(ctx, s.src).Err()
 }
 
+// misconfiguredReply reports whether Redis refused the call for a reason
+// only its operator can fix: an ACL that does not cover the limiter's keys or
+// commands, a wrong or missing password, a disabled or renamed command (a
+// managed Redis without scripting), a database that does not exist.
+func misconfiguredReply(msg string) bool {
+	for _, prefix := range []string{"NOPERM", "NOAUTH", "WRONGPASS", "ERR unknown command", "ERR unknown subcommand", "ERR DB index is out of range"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	// ACL refusals raised inside a script (Redis 7.0).
+	return strings.Contains(msg, "The user executing the script can't")
+}
+
 func isNoScript(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
-// scriptError turns the scripts' "REDLIMIT <kind> <detail>" errors into
-// sentinel errors. Any other error means Redis could not decide: it wraps
-// ErrUnavailable and the cause, except the caller's own context ending.
-func scriptError(err error) error {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("redlimit: %w", err)
-	}
+// scriptError maps an error from Redis to the package's sentinels. Redis
+// answered:
+//   - the scripts' "REDLIMIT <kind> <detail>": ErrCorruptState,
+//     ErrNotInitialized or ErrAlgorithmMismatch;
+//   - a refusal that no retry or wait can cure (misconfiguredReply):
+//     ErrMisconfigured, never failed open;
+//   - anything else (LOADING, OOM, BUSY, READONLY, NOSCRIPT still...):
+//     ErrUnavailable.
+//
+// Redis did not answer (unreachable, timed out, the caller's context ended
+// first): ErrUnavailable and the cause, and the context's error if it ended,
+// so that errors.Is finds both and WithFailOpen applies.
+func scriptError(ctx context.Context, err error) error {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			return fmt.Errorf("%w: %w: %w", ErrUnavailable, ctxErr, err)
+		}
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if misconfiguredReply(rerr.Error()) {
+		return fmt.Errorf("%w: %w", ErrMisconfigured, err)
 	}
 	// Redis answers "ERR REDLIMIT … script: <sha>, on @user_script:<line>.",
 	// miniredis "ERR Error compiling script (new function): REDLIMIT … stack traceback: …".

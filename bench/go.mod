@@ -2,12 +2,10 @@ module github.com/redlimit/redlimit/bench
 
 go 1.26.8
 
-replace github.com/redlimit/redlimit => ../
-
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-00010101000000-000000000000
+	github.com/redlimit/redlimit v0.0.0-20261123165202-727cdc4f9230
 )
 
 require (

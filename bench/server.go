@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -75,9 +74,7 @@ func launch(binary, dir string, port int) (*server, error) {
 		"--logfile", "",
 	)
 	s.cmd.Dir, s.cmd.Stdout, s.cmd.Stderr = dir, logf, logf
-	// Should this program die without running its defers (SIGKILL, a crash),
-	// the kernel kills the server too.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	setPdeathsig(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", binary, err)
 	}

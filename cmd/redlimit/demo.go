@@ -50,6 +50,9 @@ limit in force; it exits 1 if the limit did not hold.
 		return usageError(fs, "-rate %d, -new-rate %d: want 1 to 100000", s.rate, s.newRate)
 	}
 
+	if err := be.check(); err != nil {
+		return usageError(fs, "%v", err)
+	}
 	if err := be.open(ctx); err != nil {
 		fmt.Fprintf(stderr, "redlimit demo: %v\n", err)
 		return exitFail

@@ -6,7 +6,7 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/guptarohit/asciigraph v0.10.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0
+	github.com/redlimit/redlimit v0.0.0-20261123165202-727cdc4f9230
 	gonum.org/v1/plot v0.17.0
 )
 
@@ -24,5 +24,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.28.0 // indirect
 )
-
-replace github.com/redlimit/redlimit => ../../

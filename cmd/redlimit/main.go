@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 
@@ -121,20 +122,35 @@ func (b *backend) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&b.cluster, "cluster", "", "a Redis Cluster, as comma-separated host:port seed nodes")
 }
 
-// open checks the flags and connects; close releases the embedded server.
-func (b *backend) open(ctx context.Context) error {
+// check reads --redis and --cluster: a mistake there is a bad command line
+// (exit 2), found before anything is started or dialled.
+func (b *backend) check() error {
 	switch {
 	case b.url != "" && b.cluster != "":
 		return errors.New("--redis and --cluster cannot be used together")
 	case b.url != "":
 		opts, err := redis.ParseURL(b.url)
 		if err != nil {
-			return fmt.Errorf("--redis: %w", err)
+			return fmt.Errorf("--redis %q: %w", b.url, err)
 		}
 		b.opts = opts
 	case b.cluster != "":
-		b.cOpts = &redis.ClusterOptions{Addrs: strings.Split(b.cluster, ",")}
-	default:
+		addrs := strings.Split(b.cluster, ",")
+		for _, addr := range addrs {
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				return fmt.Errorf("--cluster %q: %w", b.cluster, err)
+			}
+		}
+		b.cOpts = &redis.ClusterOptions{Addrs: addrs}
+	}
+	return nil
+}
+
+// open connects to what check read (or starts the embedded Redis); close
+// releases the embedded server. A failure here is the command failing (exit
+// 1): the command line was fine.
+func (b *backend) open(ctx context.Context) error {
+	if b.opts == nil && b.cOpts == nil {
 		m, err := miniredis.Run()
 		if err != nil {
 			return fmt.Errorf("starting the embedded Redis: %w", err)

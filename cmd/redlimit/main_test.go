@@ -41,13 +41,24 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"demo", "-instances", "0"}, exitUsage, "-instances 0: want 1 to 64"},
 		{[]string{"demo", "-algorithm", "leaky"}, exitUsage, `unknown algorithm "leaky"`},
 		{[]string{"demo", "-nosuchflag"}, exitUsage, "flag provided but not defined"},
-		{[]string{"demo", "--redis", "redis://x", "--cluster", "y:1"}, exitFail, "cannot be used together"},
-		{[]string{"demo", "--redis", "http://x"}, exitFail, "--redis: "},
+		// A bad command line exits 2 (as the README says) whether the flag
+		// parser, the command or the library finds the mistake.
+		{[]string{"demo", "--redis", "redis://x", "--cluster", "y:1"}, exitUsage, "cannot be used together"},
+		{[]string{"demo", "--redis", "http://x"}, exitUsage, `--redis "http://x": `},
+		{[]string{"demo", "--redis", "127.0.0.1:26379"}, exitUsage, `--redis "127.0.0.1:26379": `},
+		{[]string{"throttle", "--redis", "127.0.0.1:26379", "k", "4", "1", "1"}, exitUsage, `--redis "127.0.0.1:26379": `},
+		{[]string{"compare", "--redis", "127.0.0.1:26379"}, exitUsage, `--redis "127.0.0.1:26379": `},
+		{[]string{"demo", "--cluster", "127.0.0.1"}, exitUsage, `--cluster "127.0.0.1": `},
+		// The command line is fine; Redis is not there (port 1 refuses on
+		// loopback).
+		{[]string{"throttle", "--redis", "redis://127.0.0.1:1", "k", "4", "1", "1"}, exitFail, "cannot reach"},
 		{[]string{"throttle", "-h"}, exitOK, "CL.THROTTLE"},
 		{[]string{"throttle", "k", "4", "1"}, exitUsage, "want 4 or 5 arguments, got 3"},
 		{[]string{"throttle", "k", "four", "1", "1"}, exitUsage, `MAX_BURST "four" is not an integer`},
 		{[]string{"throttle", "k", "4", "1", "soon"}, exitUsage, `PERIOD "soon"`},
-		{[]string{"throttle", "k", "4", "0", "1"}, exitFail, "invalid config"},
+		{[]string{"throttle", "k", "4", "0", "1"}, exitUsage, "invalid config"},
+		{[]string{"throttle", "k", "-1", "1", "1"}, exitUsage, "invalid config"},
+		{[]string{"throttle", "k", "4", "1", "1", "-1"}, exitUsage, "invalid permits"},
 		{[]string{"compare", "-h"}, exitOK, "-pattern"},
 		{[]string{"compare", "-pattern", "sine"}, exitUsage, `unknown pattern "sine": want one of edge, ramp, steady`},
 		{[]string{"compare", "-out", "chart.jpg"}, exitUsage, "want a .png or .svg file"},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -54,6 +55,9 @@ Flags go before the arguments.
 		return usageError(fs, "-r %d: want at least 1", *repeat)
 	}
 
+	if err := be.check(); err != nil {
+		return usageError(fs, "%v", err)
+	}
 	if err := be.open(ctx); err != nil {
 		fmt.Fprintf(stderr, "redlimit throttle: %v\n", err)
 		return exitFail
@@ -64,6 +68,12 @@ Flags go before the arguments.
 	client := redlimit.New(rdb)
 	for range *repeat {
 		r, err := client.Throttle(ctx, key, maxBurst, count, period, quantity)
+		if errors.Is(err, redlimit.ErrInvalidConfig) || errors.Is(err, redlimit.ErrInvalidPermits) {
+			// The library owns the rules for MAX_BURST, COUNT, PERIOD and
+			// QUANTITY, and checks them before sending anything: its refusal
+			// is a bad command line, not a failed command.
+			return usageError(fs, "%v", err)
+		}
 		if err != nil {
 			fmt.Fprintf(stderr, "redlimit throttle: %v\n", err)
 			return exitFail
