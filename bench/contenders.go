@@ -1,11 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"math"
 	"sync"
-	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
@@ -22,10 +21,6 @@ type contender struct {
 	// prepare makes the handles for keys keys and returns the decision; it
 	// runs before the measurement, on an empty database.
 	prepare func(ctx context.Context, keys int) (decideFunc, error)
-	// bound is the most grants the contender's limit allows to requests
-	// decided between start and end (the Redis clock is this machine's
-	// clock); nil for the trivial script, which limits nothing.
-	bound func(start, end time.Time) int64
 }
 
 // env is what contenders share: one go-redis client with default options,
@@ -63,18 +58,14 @@ func ceiling(name string, rdb redis.Scripter) contender {
 // funnel: limit per second, burst = limit.
 func peer(name string, rdb *redis.Client, perSecond int) contender {
 	limit := redis_rate.PerSecond(perSecond)
-	return contender{
-		name: name,
-		prepare: func(ctx context.Context, keys int) (decideFunc, error) {
-			limiter := redis_rate.NewLimiter(rdb)
-			names := keyNames("redis_rate", keys)
-			return func(ctx context.Context, key int) (bool, error) {
-				r, err := limiter.Allow(ctx, names[key], limit)
-				return err == nil && r.Allowed > 0, err
-			}, nil
-		},
-		bound: gcraBound(int64(perSecond), int64(perSecond), time.Second),
-	}
+	return contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
+		limiter := redis_rate.NewLimiter(rdb)
+		names := keyNames("redis_rate", keys)
+		return func(ctx context.Context, key int) (bool, error) {
+			r, err := limiter.Allow(ctx, names[key], limit)
+			return err == nil && r.Allowed > 0, err
+		}, nil
+	}}
 }
 
 // algorithm names a redlimit algorithm and how to get its limiter.
@@ -97,36 +88,32 @@ var algorithms = []algorithm{
 // before the measurement (the auto-pipeliner: 10,000 SetRate calls take a
 // while one at a time) and the handles have no default.
 func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, storeVia redis.Scripter, opts ...redlimit.Option) contender {
-	return contender{
-		name: name,
-		prepare: func(ctx context.Context, keys int) (decideFunc, error) {
-			// A new Client each slice: a local deny cache must not carry
-			// denials over from a database since flushed.
-			client := redlimit.New(rdb, opts...)
-			names := keyNames(alg.short, keys)
-			limiters := make([]*redlimit.Limiter, keys)
-			for i, n := range names {
-				limiters[i] = alg.new(client, n)
-				if storeVia == nil {
-					limiters[i] = limiters[i].WithDefault(cfg)
-				}
+	return contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
+		// A new Client each slice: a local deny cache must not carry
+		// denials over from a database since flushed.
+		client := redlimit.New(rdb, opts...)
+		names := keyNames(alg.short, keys)
+		limiters := make([]*redlimit.Limiter, keys)
+		for i, n := range names {
+			limiters[i] = alg.new(client, n)
+			if storeVia == nil {
+				limiters[i] = limiters[i].WithDefault(cfg)
 			}
-			if storeVia != nil {
-				setter := redlimit.New(storeVia)
-				err := parallel(ctx, 256, keys, func(i int) error {
-					return alg.new(setter, names[i]).SetRate(ctx, cfg)
-				})
-				if err != nil {
-					return nil, fmt.Errorf("SetRate: %w", err)
-				}
+		}
+		if storeVia != nil {
+			setter := redlimit.New(storeVia)
+			err := parallel(ctx, 256, keys, func(i int) error {
+				return alg.new(setter, names[i]).SetRate(ctx, cfg)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("SetRate: %w", err)
 			}
-			return func(ctx context.Context, key int) (bool, error) {
-				r, err := limiters[key].Allow(ctx, 1)
-				return r.Allowed, err
-			}, nil
-		},
-		bound: boundOf(alg.name, cfg),
-	}
+		}
+		return func(ctx context.Context, key int) (bool, error) {
+			r, err := limiters[key].Allow(ctx, 1)
+			return r.Allowed, err
+		}, nil
+	}}
 }
 
 func keyNames(kind string, keys int) []string {
@@ -158,64 +145,12 @@ func parallel(ctx context.Context, workers, n int, do func(i int) error) error {
 				}
 				if err := do(i); err != nil {
 					mu.Lock()
-					first = cmpOr(first, err)
+					first = cmp.Or(first, err)
 					mu.Unlock()
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return cmpOr(first, ctx.Err())
-}
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
-// boundOf is the most grants per key that each algorithm's documented
-// guarantee allows over a span; over-admission is a count above it.
-func boundOf(alg string, cfg redlimit.Config) func(start, end time.Time) int64 {
-	rate, interval := cfg.Rate, cfg.Interval
-	switch alg {
-	case "Funnel":
-		burst := cfg.Burst
-		if burst == 0 {
-			burst = rate
-		}
-		return gcraBound(rate, burst, interval)
-	case "TokenBucket":
-		// At most Rate grants in any span of Interval.
-		return func(start, end time.Time) int64 {
-			return rate * (int64(end.Sub(start)/interval) + 1)
-		}
-	case "FixedWindow":
-		// At most Rate in each epoch-aligned window the span touches.
-		return func(start, end time.Time) int64 {
-			ms := interval.Milliseconds()
-			return rate * (end.UnixMilli()/ms - start.UnixMilli()/ms + 1)
-		}
-	case "SlidingWindow":
-		// At most Rate in any Buckets consecutive sub-windows (a grant in
-		// sub-window j is checked against the sum of j-Buckets+1 .. j).
-		b := int64(cfg.Buckets)
-		if b == 0 {
-			b = 10
-		}
-		return func(start, end time.Time) int64 {
-			ms := interval.Milliseconds()
-			touched := end.UnixMilli()*b/ms - start.UnixMilli()*b/ms + 1
-			return rate * ((touched + b - 1) / b)
-		}
-	}
-	panic("unknown algorithm " + alg)
-}
-
-// gcraBound: a full funnel of burst, then one grant per Interval/Rate.
-func gcraBound(rate, burst int64, interval time.Duration) func(start, end time.Time) int64 {
-	return func(start, end time.Time) int64 {
-		return burst + int64(math.Ceil(float64(end.Sub(start))*float64(rate)/float64(interval)))
-	}
+	return cmp.Or(first, ctx.Err())
 }

@@ -19,11 +19,7 @@ type sample struct {
 	allocs    float64 // Go heap allocations per decision, whole process
 	p50, p99  time.Duration
 	errors    uint64
-	late      uint64 // decisions completed after midway ran
 	firstErr  error
-	// Over the whole slice, warm-up included, for the over-admission check.
-	grants     uint64
-	start, end time.Time
 }
 
 // caller is one goroutine's tally. Each has its own, so recording needs no
@@ -33,8 +29,6 @@ type caller struct {
 	decisions uint64
 	allowed   uint64
 	errors    uint64
-	late      uint64
-	grants    uint64 // whole slice
 	firstErr  error
 }
 
@@ -42,7 +36,6 @@ type caller struct {
 const (
 	warming int32 = iota
 	measuring
-	measuringLate // measuring, after midway ran
 	stopped
 )
 
@@ -57,9 +50,8 @@ type load struct {
 // run calls decide from n callers on random keys among keys: a warm-up
 // (connections dialled, scripts cached), then duration measured, then stop.
 // A decision counts when it completes while measuring, so the figures are
-// steady-state throughput. midway, when set, runs half-way through the
-// measured span (the SCRIPT FLUSH check).
-func (l *load) run(ctx context.Context, decide decideFunc, n, keys int, midway func()) (sample, error) {
+// steady-state throughput.
+func (l *load) run(ctx context.Context, decide decideFunc, n, keys int) (sample, error) {
 	if len(l.callers) < n {
 		l.callers = make([]caller, n)
 	}
@@ -71,7 +63,7 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int, midway f
 	// collected on the next one's time.
 	runtime.GC()
 
-	s := sample{start: time.Now()}
+	var s sample
 	for i := range callers {
 		c := &callers[i]
 		wg.Go(func() {
@@ -87,15 +79,8 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int, midway f
 				t0 := time.Now()
 				ok, err := decide(ctx, key)
 				d := time.Since(t0)
-				if ok {
-					c.grants++
-				}
-				p = phase.Load()
-				if p != measuring && p != measuringLate {
+				if phase.Load() != measuring {
 					continue
-				}
-				if p == measuringLate {
-					c.late++
 				}
 				c.decisions++
 				if ok {
@@ -125,23 +110,12 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int, midway f
 	runtime.ReadMemStats(&before)
 	t0 := time.Now()
 	phase.Store(measuring)
-	ok := true
-	if midway != nil {
-		ok = sleep(ctx, l.duration/2)
-		if ok {
-			midway()
-			phase.Store(measuringLate)
-		}
-		ok = ok && sleep(ctx, l.duration-l.duration/2)
-	} else {
-		ok = sleep(ctx, l.duration)
-	}
+	ok := sleep(ctx, l.duration)
 	phase.Store(stopped)
 	elapsed := time.Since(t0)
 	runtime.ReadMemStats(&after)
 	calls, usec, statErr := evalshaStats(ctx, l.env.admin)
 	wg.Wait()
-	s.end = time.Now()
 	if !ok {
 		return s, ctx.Err()
 	}
@@ -152,8 +126,6 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int, midway f
 		s.decisions += c.decisions
 		s.allowed += c.allowed
 		s.errors += c.errors
-		s.grants += c.grants
-		s.late += c.late
 		if s.firstErr == nil {
 			s.firstErr = c.firstErr
 		}
@@ -164,14 +136,8 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int, midway f
 		s.allocs = float64(after.Mallocs-before.Mallocs) / float64(s.decisions)
 	}
 	s.p50, s.p99 = hist.percentile(0.50), hist.percentile(0.99)
-	switch statErr {
-	case nil:
-		s.calls, s.usec = calls, usec
-	case errNoStat: // every decision was local
-	default:
-		return s, statErr
-	}
-	return s, nil
+	s.calls, s.usec = calls, usec
+	return s, statErr
 }
 
 // sleep waits d or until ctx ends, and reports whether it waited d.

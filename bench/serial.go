@@ -22,7 +22,7 @@ type serialRow struct {
 // callers on 2 shared cores, the server's figures also count the time it
 // waits for the CPU; here they are as close to the script's own cost as a
 // shared machine allows, and the ratios are taken within a round.
-func (c *checks) runSerial(ctx context.Context, e *env, _ *load, _ options) error {
+func (c *checks) runSerial(ctx context.Context, e *env) error {
 	const rounds, calls, keys = 7, 2000, 1000
 	big := redlimit.PerSecond(bigRate)
 	client := redlimit.New(e.rdb)
@@ -65,14 +65,9 @@ func (c *checks) runSerial(ctx context.Context, e *env, _ *load, _ options) erro
 					return fmt.Errorf("%s: %w", ct.name, err)
 				}
 			}
-			v, err := infoField(ctx, e.admin, "commandstats", "cmdstat_evalsha")
+			_, per, err := evalshaStats(ctx, e.admin)
 			if err != nil {
 				return err
-			}
-			var n int64
-			var total, per float64
-			if _, err := fmt.Sscanf(v, "calls=%d,usec=%g,usec_per_call=%g", &n, &total, &per); err != nil {
-				return fmt.Errorf("%s: reading %q: %w", ct.name, v, err)
 			}
 			usec[ci] = append(usec[ci], per)
 		}

@@ -85,3 +85,16 @@ func median(xs []float64) float64 {
 	}
 	return (s[m-1] + s[m]) / 2
 }
+
+// pairedRatio is the median over rounds of a's figure over b's in the same
+// round: the two were measured minutes apart at most, so a slower machine
+// slows both.
+func pairedRatio(a, b *result, figure func(sample) float64) float64 {
+	var xs []float64
+	for i := range min(len(a.samples), len(b.samples)) {
+		if y := figure(b.samples[i]); y > 0 {
+			xs = append(xs, figure(a.samples[i])/y)
+		}
+	}
+	return median(xs)
+}

@@ -1,30 +1,16 @@
 -- Dispatch. Decisions return at once; the admin ops' helpers below are only
 -- created when one is asked for.
 
--- state_keys returns a group's state keys: group 0 holds the Overall state,
--- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[14 ..].
--- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
--- and each client's in one key, from KEYS[4] on.
-local function state_keys(group)
-  if algorithm.fields then
-    if group == 0 then
-      return { KEYS[1] }
-    end
-    return { KEYS[3 + group] }
-  end
-  local keys = {}
-  for i = 1, N do
-    keys[i] = KEYS[3 + group * N + i]
-  end
-  return keys
-end
-
 local op = ARGV[1]
 if op == 'allow' or op == 'release' then
   local cfg, f = config()
   local fields, s = algorithm.fields, nil
   if not fields then
-    s = algorithm.load(cfg, state_keys(cfg.type))
+    local keys = {}
+    for i = 1, N do
+      keys[i] = KEYS[3 + cfg.type * N + i]
+    end
+    s = algorithm.load(cfg, keys)
   elseif cfg.type == 0 then
     s = algorithm.load(cfg, KEYS[1], unpack(f, 8, 7 + #fields))
   else
@@ -50,7 +36,25 @@ if op == 'allow' or op == 'release' then
   return reply
 end
 
--- The admin ops. groups counts the groups of state keys the caller passed.
+-- state_keys returns a group's state keys: group 0 holds the Overall state,
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[14 ..].
+-- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
+-- and each client's in one key, from KEYS[4] on.
+local function state_keys(group)
+  if algorithm.fields then
+    if group == 0 then
+      return { KEYS[1] }
+    end
+    return { KEYS[3 + group] }
+  end
+  local keys = {}
+  for i = 1, N do
+    keys[i] = KEYS[3 + group * N + i]
+  end
+  return keys
+end
+
+-- groups counts the groups of state keys the caller passed.
 local function groups()
   if algorithm.fields then
     return #KEYS - 2
@@ -166,11 +170,10 @@ if op == 'expire' then
   return cap_expiry(keys, tonumber(ARGV[3]))
 end
 if op == 'set' or op == 'tryset' then
-  local old = read_config()
+  local new, _, old = config()
   if old and op == 'tryset' then
     return 0
   end
-  local new = given_config()
   -- Check every state key before writing anything: bad state leaves all as it was.
   for group = 0, groups() - 1 do
     for i, key in ipairs(state_keys(group)) do

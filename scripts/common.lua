@@ -115,18 +115,6 @@ local function stored_config(f)
   return cfg
 end
 
--- given_config is the config in ARGV[8 .. 13], which Go has checked.
-local function given_config()
-  local cfg = {
-    rate = ARGV[8] + 0, interval = ARGV[9] + 0, type = ARGV[10] + 0,
-    burst = ARGV[11] + 0, buckets = ARGV[12] + 0, keepalive = ARGV[13] + 0,
-    stored = false,
-  }
-  if cfg.burst == 0 then cfg.burst = cfg.rate end
-  if cfg.buckets == 0 then cfg.buckets = 10 end
-  return cfg
-end
-
 -- read_config reads the limiter's hash once: it returns the stored config
 -- (nil when there is none) and what HMGET read, whose positions from 8 on
 -- are the Overall state's fields.
@@ -139,21 +127,28 @@ local function read_config()
   return stored_config(f), f
 end
 
--- config: stored in Redis > the handle's default > not initialized. A
--- 'fixed' config (Throttle) ignores a stored one, but leaves its expiry be.
+-- config: stored in Redis > the handle's default > not initialized. It
+-- returns the config in force, what read_config read, and the stored config.
+-- A 'fixed' config (Throttle) ignores a stored one, but leaves its expiry
+-- be; a 'new' one (SetRate) is about to replace it. A given config is in
+-- ARGV[8 .. 13], which Go has checked.
 local function config()
   local source = ARGV[7]
-  local cfg, f = read_config()
-  if source == 'fixed' then
-    local given = given_config()
-    given.stored = cfg ~= nil
-    return given, f
+  local stored, f = read_config()
+  if source ~= 'fixed' and source ~= 'new' then
+    if stored then return stored, f, stored end
+    if source == '' then
+      fail('not initialized ' .. KEYS[1])
+    end
   end
-  if cfg then return cfg, f end
-  if source == '' then
-    fail('not initialized ' .. KEYS[1])
-  end
-  return given_config(), f
+  local given = {
+    rate = ARGV[8] + 0, interval = ARGV[9] + 0, type = ARGV[10] + 0,
+    burst = ARGV[11] + 0, buckets = ARGV[12] + 0, keepalive = ARGV[13] + 0,
+    stored = stored ~= nil,
+  }
+  if given.burst == 0 then given.burst = given.rate end
+  if given.buckets == 0 then given.buckets = 10 end
+  return given, f, stored
 end
 
 -- expiry converts a state key's TTL in µs to whole ms, rounding up. For a
