@@ -148,8 +148,7 @@ func uniqueName(t *testing.T) string {
 }
 
 // limiterKeys lists the keys in Redis that hold the limiter called name's
-// config and state. Replay markers are left out: they expire on their own
-// within the retry window (WithRetryWindow).
+// config and state.
 func limiterKeys(t *testing.T, rdb redis.UniversalClient, name string) []string {
 	t.Helper()
 	ctx := context.Background()
@@ -172,7 +171,6 @@ func limiterKeys(t *testing.T, rdb redis.UniversalClient, name string) []string 
 		keys, err = rdb.Keys(ctx, pattern).Result()
 		require.NoError(t, err)
 	}
-	keys = slices.DeleteFunc(keys, func(k string) bool { return strings.Contains(k, ":request:") })
 	sort.Strings(keys)
 	return keys
 }

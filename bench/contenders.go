@@ -75,12 +75,13 @@ type algorithm struct {
 	new   func(c *redlimit.Client, name string) *redlimit.Limiter
 }
 
-var algorithms = []algorithm{
-	{"TokenBucket", "tb", (*redlimit.Client).TokenBucket},
-	{"Funnel", "funnel", (*redlimit.Client).Funnel},
-	{"FixedWindow", "fixed", (*redlimit.Client).FixedWindow},
-	{"SlidingWindow", "sliding", (*redlimit.Client).SlidingWindow},
-}
+var (
+	tokenBucket   = algorithm{"TokenBucket", "tb", (*redlimit.Client).TokenBucket}
+	funnel        = algorithm{"Funnel", "funnel", (*redlimit.Client).Funnel}
+	fixedWindow   = algorithm{"FixedWindow", "fixed", (*redlimit.Client).FixedWindow}
+	slidingWindow = algorithm{"SlidingWindow", "sliding", (*redlimit.Client).SlidingWindow}
+	algorithms    = []algorithm{tokenBucket, funnel, fixedWindow, slidingWindow}
+)
 
 // ours is one redlimit algorithm's Allow(ctx, 1) on a client made from rdb
 // with opts. The handles carry cfg with WithDefault, which stores nothing;

@@ -1,11 +1,13 @@
 // Command bench measures redlimit against the one-round-trip ceiling (a
 // trivial EVALSHA) and against github.com/go-redis/redis_rate, on a
-// redis-server it starts for itself, and writes the figures to BENCHMARKS.md.
+// redis-server it starts for itself (the first on PATH), and writes the
+// figures to BENCHMARKS.md.
 //
 // From the repository root:
 //
 //	go run ./bench                 # the full run BENCHMARKS.md holds
 //	go run ./bench -duration 200ms -rounds 1 -out ''   # a quick look
+//	PATH=$PWD/../shared/servers/valkey-8.0.1:$PATH go run ./bench -out ''
 //
 // Contenders take turns, round after round, so that a disturbance on the
 // machine (other processes, thermal) spreads over all of them instead of
@@ -38,7 +40,6 @@ type options struct {
 	tables   bool
 	only     string
 	out      string
-	server   string
 }
 
 func main() {
@@ -51,9 +52,8 @@ func main() {
 	flag.IntVar(&o.keys, "keys", 10000, "keys the callers spread over (besides the one-hot-key scenario)")
 	flag.BoolVar(&o.tables, "throughput", true, "run the throughput rounds")
 	flag.StringVar(&o.only, "scenario", "", "run only the scenarios whose name contains this (e.g. flood)")
-	flag.BoolVar(&o.checks, "checks", true, "run the memory, scaling, exactness and allocation checks")
+	flag.BoolVar(&o.checks, "checks", true, "run the one-caller, allocation, memory, keys and scaling measurements")
 	flag.StringVar(&o.out, "out", "BENCHMARKS.md", "file the report is written to; '' for stdout only")
-	flag.StringVar(&o.server, "redis-server", "redis-server", "redis-server binary to start")
 	flag.Parse()
 	for _, f := range strings.Split(callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -80,16 +80,16 @@ func run(o options) error {
 	defer cancel()
 	started := time.Now()
 
-	srv, err := startServer(o.server)
+	addr, stop, err := startServer()
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
+	defer stop()
 	// Default options: what a service would start with (pool of
 	// 10 × GOMAXPROCS connections, RESP3).
 	e := &env{
-		rdb:   redis.NewClient(&redis.Options{Addr: srv.addr}),
-		admin: redis.NewClient(&redis.Options{Addr: srv.addr, PoolSize: 2}),
+		rdb:   redis.NewClient(&redis.Options{Addr: addr}),
+		admin: redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2}),
 	}
 	defer e.admin.Close()
 	defer e.rdb.Close() // closes the AutoPipeliner too
@@ -103,9 +103,7 @@ func run(o options) error {
 	}
 	log("machine: %s", rep.machine)
 
-	cacheOpt, haveCache := localCache()
-	rep.haveCache = haveCache
-	scenarios := makeScenarios(e, o, cacheOpt, haveCache)
+	scenarios := makeScenarios(e, o)
 	l := &load{env: e, warmup: o.warmup, duration: o.duration}
 	rep.results = make([][]*result, len(scenarios))
 	for i, sc := range scenarios {
@@ -118,7 +116,6 @@ func run(o options) error {
 	for round := range o.rounds {
 		for i, sc := range scenarios {
 			n := len(sc.contenders)
-			ceiling := -1.0
 			rs := make([]sample, n)
 			// Rotate the order each round so no contender always follows
 			// the same one.
@@ -132,11 +129,8 @@ func run(o options) error {
 				log("round %d/%d  %-28s %-40s %9.0f/s  %6.2f µs  p99 %-9v allocs %5.1f  errors %d",
 					round+1, o.rounds, sc.name, sc.contenders[j].name, s.rate, s.usec, s.p99, s.allocs, s.errors)
 			}
-			if sc.baseline >= 0 {
-				ceiling = rs[sc.baseline].rate
-			}
 			for j, s := range rs {
-				rep.results[i][j].add(s, ceiling, sc)
+				rep.results[i][j].samples = append(rep.results[i][j].samples, s)
 			}
 		}
 	}
@@ -164,9 +158,8 @@ type scenario struct {
 	name       string
 	callers    int
 	keys       int
-	flood      bool // the limit denies most requests
-	contenders []contender
-	baseline   int // index of the contender ratios are taken to; -1 for none
+	flood      bool        // the limit denies most requests
+	contenders []contender // the first is the baseline of the × trivial column
 }
 
 // The limit of the throughput scenarios is far above what the machine can
@@ -177,7 +170,7 @@ const bigRate = 1_000_000
 // callers, so nearly every request is denied.
 const floodRate = 100
 
-func makeScenarios(e *env, o options, cacheOpt redlimit.Option, haveCache bool) []*scenario {
+func makeScenarios(e *env, o options) []*scenario {
 	if !o.tables {
 		return nil
 	}
@@ -185,7 +178,7 @@ func makeScenarios(e *env, o options, cacheOpt redlimit.Option, haveCache bool) 
 	var out []*scenario
 	for ci, callers := range o.callers {
 		for _, keys := range []int{o.keys, 1} {
-			sc := &scenario{name: scenarioName(callers, keys), callers: callers, keys: keys, baseline: 0}
+			sc := &scenario{name: scenarioName(callers, keys), callers: callers, keys: keys}
 			sc.contenders = append(sc.contenders,
 				ceiling("trivial EVALSHA", e.rdb),
 				ceiling("trivial EVALSHA, auto-pipelined", e.ap),
@@ -209,14 +202,12 @@ func makeScenarios(e *env, o options, cacheOpt redlimit.Option, haveCache bool) 
 	out = slices.DeleteFunc(out, func(sc *scenario) bool { return !strings.Contains(sc.name, o.only) })
 	callers := o.callers[len(o.callers)-1]
 	flood := &scenario{name: fmt.Sprintf("flood: %d callers, 1 key, %d/s", callers, floodRate),
-		callers: callers, keys: 1, flood: true, baseline: -1}
+		callers: callers, keys: 1, flood: true}
 	small := redlimit.PerSecond(floodRate)
 	flood.contenders = append(flood.contenders, peer("redis_rate", e.rdb, floodRate))
 	for _, alg := range algorithms {
-		flood.contenders = append(flood.contenders, ours(alg.name, alg, e.rdb, small, nil))
-		if haveCache {
-			flood.contenders = append(flood.contenders, ours(alg.name+", local cache", alg, e.rdb, small, nil, cacheOpt))
-		}
+		flood.contenders = append(flood.contenders, ours(alg.name, alg, e.rdb, small, nil),
+			ours(alg.name+", local cache", alg, e.rdb, small, nil, redlimit.WithLocalCache()))
 	}
 	if strings.Contains(flood.name, o.only) {
 		out = append(out, flood)
@@ -233,7 +224,7 @@ func scenarioName(callers, keys int) string {
 }
 
 // measureOne runs one contender's slice on an empty database, so that no
-// contender pays for another's keys (expiring replay markers, big logs).
+// contender pays for another's keys (big logs, expiring state).
 func measureOne(ctx context.Context, e *env, l *load, sc *scenario, c contender) (sample, error) {
 	if err := e.admin.FlushAll(ctx).Err(); err != nil {
 		return sample{}, err
@@ -242,7 +233,7 @@ func measureOne(ctx context.Context, e *env, l *load, sc *scenario, c contender)
 	if err != nil {
 		return sample{}, err
 	}
-	return l.run(ctx, decide, sc.callers, sc.keys, nil)
+	return l.run(ctx, decide, sc.callers, sc.keys)
 }
 
 func log(format string, a ...any) {

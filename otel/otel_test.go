@@ -90,10 +90,10 @@ func TestDecisionsOnRedis(t *testing.T) {
 
 	counts, histograms := collect(t, reader)
 	want := map[string]int64{
-		"app:login/fixed_window/allowed": 2,
-		"app:login/fixed_window/denied":  3,
-		"app:unset/tokenbucket/error":    1,
-		"app:cell/funnel/allowed":        1,
+		"app:{login}/fixed_window/allowed": 2,
+		"app:{login}/fixed_window/denied":  3,
+		"app:{unset}/tokenbucket/error":    1,
+		"app:{cell}/funnel/allowed":        1,
 	}
 	if !maps.Equal(counts, want) {
 		t.Errorf("decisions %v, want %v", counts, want)
