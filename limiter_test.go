@@ -290,7 +290,7 @@ func TestPeekWritesNothing(t *testing.T) {
 		l := a.new(newClient(rdb, clk), name).WithDefault(tenPer10s)
 		r, err := l.Allow(ctx, 0)
 		require.NoError(t, err)
-		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 10}, r)
+		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 10, Window: 10 * time.Second}, r)
 		assert.Empty(t, limiterKeys(t, rdb, name))
 
 		_, err = l.Allow(ctx, 4)
@@ -850,9 +850,9 @@ func TestReplyShapes(t *testing.T) {
 		_, err := parseResult(reply)
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
 	}
-	r, err := parseResult([]any{int64(0), int64(10), int64(3), int64(-1), int64(1500)})
+	r, err := parseResult([]any{int64(0), int64(10), int64(3), int64(-1), int64(1500), int64(60000)})
 	require.NoError(t, err)
-	assert.Equal(t, Result{Limit: 10, Remaining: 3, RetryAfter: -1, ResetAfter: 1500 * time.Microsecond}, r)
+	assert.Equal(t, Result{Limit: 10, Remaining: 3, RetryAfter: -1, ResetAfter: 1500 * time.Microsecond, Window: time.Minute}, r)
 	for _, reply := range []any{[]any{"missing"}, []any{"missing", "x"}, []any{"missing", []any{int64(1)}}} {
 		_, ok := missingClients(reply)
 		assert.False(t, ok, "%#v", reply)
@@ -882,4 +882,27 @@ func TestRedisUnreachable(t *testing.T) {
 	assert.ErrorIs(t, seen[0], ErrUnavailable, "the observer still sees the outage")
 	_, err = open.Allow(ctx, -1)
 	assert.ErrorIs(t, err, ErrInvalidPermits, "bad input is never waved through")
+}
+
+// Result.Window is the span Limit applies to, as the config in force says:
+// it follows SetRate, and a funnel's is the time its burst takes to drain.
+func TestResultWindow(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		l := a.new(newClient(rdb, newClock()), uniqueName(t)).WithDefault(PerMinute(6))
+		r, err := l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.Equal(t, time.Minute, r.Window)
+		require.NoError(t, l.SetRate(ctx, Per(10, 10*time.Second)))
+		r, err = l.Allow(ctx, 0)
+		require.NoError(t, err)
+		assert.Equal(t, 10*time.Second, r.Window, "SetRate's interval")
+		if a.name == "funnel" {
+			require.NoError(t, l.SetRate(ctx, Config{Rate: 10, Interval: 10 * time.Second, Burst: 25}))
+			r, err = l.Allow(ctx, 1)
+			require.NoError(t, err)
+			// The 10s of usage the first grant left (one in 6/min) carry over: SetRate keeps usage.
+			assert.Equal(t, Result{Allowed: true, Limit: 25, Remaining: 14, ResetAfter: 11 * time.Second, Window: 25 * time.Second}, r)
+		}
+	})
 }

@@ -68,7 +68,7 @@ func TestTokenBucketExactRetryAfter(t *testing.T) {
 		clk.Set(12 * s)
 		r, err := l.Allow(context.Background(), 5)
 		require.NoError(t, err)
-		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 1, ResetAfter: 10 * s}, r, "the wait it gave was enough")
+		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 1, ResetAfter: 10 * s, Window: 10 * s}, r, "the wait it gave was enough")
 	})
 }
 
@@ -151,7 +151,7 @@ func TestTokenBucketValueWithoutLog(t *testing.T) {
 		assert.Equal(t, int64(0), r.Remaining, "a peek reports the cache")
 		r, err = l.Allow(ctx, 4)
 		require.NoError(t, err)
-		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 6, ResetAfter: 10 * time.Second}, r)
+		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 6, ResetAfter: 10 * time.Second, Window: 10 * time.Second}, r)
 		assertLogAgrees(t, rdb, l, 10)
 		assert.Positive(t, rdb.PTTL(ctx, l.keys[3]).Val(), "and the repaired value expires")
 	})

@@ -197,8 +197,9 @@ local function first_run()
 end
 
 -- decide is every algorithm's allow, on s, the state algorithm.load read:
--- {allowed, limit, remaining, retry after µs (-1: never), reset after µs}.
--- Zero permits is a peek: it writes nothing.
+-- {allowed, limit, remaining, retry after µs (-1: never), reset after µs,
+-- window ms}, window being the span limit applies to: the interval, or the
+-- time a funnel's burst takes to drain. Zero permits is a peek: it writes nothing.
 local function decide(cfg, s, permits)
   local limit = cfg[algorithm.capacity]
   local allowed, retry = 0, 0
@@ -227,5 +228,6 @@ local function decide(cfg, s, permits)
   end
   local remaining, reset = algorithm.report(cfg, s)
   if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
-  return { allowed, limit, remaining, retry, reset }
+  local window = limit * cfg.interval / cfg.rate
+  return { allowed, limit, remaining, retry, reset, window + (-window) % 1 }
 end
