@@ -141,6 +141,12 @@ func pinHead() error {
 	}
 	var pinned []module
 	for _, m := range mods {
+		// A module git does not track yet is someone's work in progress:
+		// leave its go.mod alone.
+		if _, err := git(root, "ls-files", "--error-unmatch", path.Join(m.dir, "go.mod")); err != nil {
+			fmt.Fprintf(os.Stderr, "modproxy: %s is not committed; not pinned\n", m.path)
+			continue
+		}
 		gomod, err := os.ReadFile(filepath.Join(root, m.dir, "go.mod"))
 		if err != nil {
 			return err
