@@ -7,4 +7,4 @@ package redlimit
 // Interval that straddles a window edge.
 func (c *Client) FixedWindow(name string) *Limiter { return c.limiter(name, fixedWindow) }
 
-var fixedWindow = newAlgorithm("fixed_window", "fixed_window.lua", true, false, "window")
+var fixedWindow = newAlgorithm(algorithm{name: "fixed_window", state: []string{"window"}, inConfig: true}, "fixed_window.lua")

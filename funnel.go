@@ -13,7 +13,7 @@ import (
 // Its state is one integer in one key, which expires when the funnel is empty.
 func (c *Client) Funnel(name string) *Limiter { return c.limiter(name, funnel) }
 
-var funnel = newAlgorithm("funnel", "funnel.lua", true, false, "tat")
+var funnel = newAlgorithm(algorithm{name: "funnel", state: []string{"tat"}, inConfig: true, burst: true}, "funnel.lua")
 
 // ThrottleResult holds CL.THROTTLE's five reply values.
 type ThrottleResult struct {

@@ -170,10 +170,33 @@ type algorithm struct {
 	// keys of its own.
 	inConfig bool
 	records  bool // its grants carry the request ID (the token bucket's log)
+	// The Config fields beyond the common ones that it uses.
+	burst, buckets bool
 }
 
-func newAlgorithm(name, file string, inConfig, records bool, state ...string) algorithm {
-	return algorithm{name: name, script: newScript(name, file, len(state)), state: state, inConfig: inConfig, records: records}
+// newAlgorithm gives a its script: scripts/common.lua, file and
+// scripts/admin.lua, for the algorithm stored as a.name.
+func newAlgorithm(a algorithm, file string) algorithm {
+	a.script = newScript(a.name, file, len(a.state))
+	return a
+}
+
+// Validate reports why cfg cannot be this limiter's config, wrapping
+// ErrInvalidConfig: out of range, or a field its algorithm does not use
+// (Burst is the funnel's, Buckets the sliding window's). SetRate, TrySetRate
+// and WithDefault check the same; call it at start-up to catch a bad default
+// there rather than on every call.
+func (l *Limiter) Validate(cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	if cfg.Burst != 0 && !l.alg.burst {
+		return fmt.Errorf("%w: burst %d: only a funnel has a burst", ErrInvalidConfig, cfg.Burst)
+	}
+	if cfg.Buckets != 0 && !l.alg.buckets {
+		return fmt.Errorf("%w: buckets %d: only a sliding window has buckets", ErrInvalidConfig, cfg.Buckets)
+	}
+	return nil
 }
 
 // Limiter is a handle on one named limit in Redis. It holds no state of its
@@ -256,7 +279,7 @@ func (l *Limiter) Name() string { return l.name }
 // Redis. It makes no extra round trip and stores nothing; SetRate does.
 func (l *Limiter) WithDefault(cfg Config) *Limiter {
 	d := *l
-	if err := cfg.validate(); err != nil {
+	if err := l.Validate(cfg); err != nil {
 		d.err = errors.Join(d.err, err)
 		return &d
 	}
@@ -265,6 +288,17 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 	return &d
 }
 
+// Never is the RetryAfter of a request no wait can satisfy: more permits
+// than Limit.
+const Never time.Duration = -1
+
+// What RemainTimeToLive returns, as go-redis's TTL does, for a limiter whose
+// config never expires (NoExpiry) and for one with no key at all (NoKey).
+const (
+	NoExpiry time.Duration = -1
+	NoKey    time.Duration = -2
+)
+
 // Result is the outcome of one Allow. With WithFailOpen, a request Redis
 // could not decide gets Result{Allowed: true} and nothing else: Limit 0 tells
 // it apart.
@@ -272,7 +306,7 @@ type Result struct {
 	Allowed    bool
 	Limit      int64         // the most permits one request can ever get (Rate; a funnel's Burst)
 	Remaining  int64         // permits that could be granted right now
-	RetryAfter time.Duration // denied: exact wait before this request can succeed; -1 if it never can; 0 if allowed
+	RetryAfter time.Duration // denied: exact wait before this request can succeed; Never if it never can; 0 if allowed
 	ResetAfter time.Duration // until the limiter is back to full
 	// Window is the span Limit applies to: the config's Interval, or for a
 	// funnel the time its Burst takes to drain (Burst × Interval / Rate).
@@ -351,18 +385,25 @@ func (l *Limiter) allow(ctx context.Context, permits int64) (Result, error) {
 
 // Acquire takes permits, waiting as long as it takes or until ctx ends. It
 // returns at once, with an error wrapping context.DeadlineExceeded, when the
-// wait would pass ctx's deadline.
+// wait would pass ctx's deadline. It never sleeps past the deadline: the
+// jitter that spreads retries only takes half of the time the deadline
+// leaves beyond RetryAfter, so the last attempt comes before it.
 func (l *Limiter) Acquire(ctx context.Context, permits int64) error {
 	for {
 		r, err := l.allow(ctx, permits)
 		if err != nil || r.Allowed {
 			return err
 		}
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < r.RetryAfter {
-			return fmt.Errorf("redlimit: %d permits need a %v wait, past the context deadline: %w",
-				permits, r.RetryAfter, context.DeadlineExceeded)
+		wait := r.RetryAfter + jitter(r.RetryAfter)
+		if deadline, ok := ctx.Deadline(); ok {
+			left := time.Until(deadline)
+			if left < r.RetryAfter {
+				return fmt.Errorf("redlimit: %d permits need a %v wait, past the context deadline: %w",
+					permits, r.RetryAfter, context.DeadlineExceeded)
+			}
+			wait = min(wait, r.RetryAfter+(left-r.RetryAfter)/2)
 		}
-		if err := l.client.sleep(ctx, r.RetryAfter+jitter(r.RetryAfter)); err != nil {
+		if err := l.client.sleep(ctx, wait); err != nil {
 			return err
 		}
 	}
@@ -444,7 +485,7 @@ func (l *Limiter) SetRate(ctx context.Context, cfg Config) error {
 }
 
 func (l *Limiter) setRate(ctx context.Context, op any, cfg Config) (bool, error) {
-	if err := cfg.validate(); err != nil {
+	if err := l.Validate(cfg); err != nil {
 		return false, err
 	}
 	defer l.forgetDenial()
@@ -487,8 +528,8 @@ func (l *Limiter) ClearExpire(ctx context.Context) (bool, error) {
 }
 
 // RemainTimeToLive returns the config's time to live, as go-redis's TTL does:
-// -1 when it does not expire, -2 when the limiter has no key. Without a stored
-// config it is the longest-lived state key's.
+// NoExpiry when it does not expire, NoKey when the limiter has no key.
+// Without a stored config it is the longest-lived state key's.
 func (l *Limiter) RemainTimeToLive(ctx context.Context) (time.Duration, error) {
 	reply, err := l.eval(ctx, request{op: opTTL})
 	if err != nil {
@@ -639,7 +680,7 @@ func integers(v []any, n []int64) bool {
 
 func micros(us int64) time.Duration {
 	if us < 0 {
-		return -1
+		return Never
 	}
 	return time.Duration(us) * time.Microsecond
 }

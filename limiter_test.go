@@ -274,11 +274,46 @@ func TestConfigRoundTrip(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.new(newClient(rdb, newClock()), uniqueName(t))
-		want := Config{Type: PerClient, Rate: 7, Interval: 3 * time.Second, Burst: 9, Buckets: 3, KeepAlive: time.Hour}
+		want := Config{Type: PerClient, Rate: 7, Interval: 3 * time.Second, KeepAlive: time.Hour}
+		switch a.name {
+		case "funnel":
+			want.Burst = 9
+		case "sliding_window":
+			want.Buckets = 3
+		}
 		require.NoError(t, l.SetRate(ctx, want))
 		got, err := l.Config(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, want, got)
+	})
+}
+
+// A field an algorithm does not use is refused, not stored: Burst is the
+// funnel's, Buckets the sliding window's. Validate says so at start-up.
+func TestConfigFieldsPerAlgorithm(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		l := a.new(newClient(rdb, newClock()), name)
+		for _, cfg := range []Config{
+			{Rate: 10, Interval: time.Second, Burst: 50},
+			{Rate: 10, Interval: time.Second, Buckets: 7},
+		} {
+			uses := cfg.Burst != 0 && a.name == "funnel" || cfg.Buckets != 0 && a.name == "sliding_window"
+			if uses {
+				assert.NoError(t, l.Validate(cfg), "%v", cfg)
+				continue
+			}
+			assert.ErrorIs(t, l.Validate(cfg), ErrInvalidConfig, "%v", cfg)
+			assert.ErrorIs(t, l.SetRate(ctx, cfg), ErrInvalidConfig, "%v", cfg)
+			_, err := l.TrySetRate(ctx, cfg)
+			assert.ErrorIs(t, err, ErrInvalidConfig, "%v", cfg)
+			_, err = l.WithDefault(cfg).Allow(ctx, 1)
+			assert.ErrorIs(t, err, ErrInvalidConfig, "%v", cfg)
+			assert.Empty(t, limiterKeys(t, rdb, name), "nothing stored")
+		}
+		assert.NoError(t, l.Validate(PerSecond(10)))
+		assert.ErrorIs(t, l.Validate(Config{Rate: 0, Interval: time.Second}), ErrInvalidConfig)
 	})
 }
 
@@ -312,7 +347,7 @@ func TestPermitsAboveLimit(t *testing.T) {
 		r, err := l.Allow(ctx, 11)
 		require.NoError(t, err)
 		assert.False(t, r.Allowed)
-		assert.Equal(t, time.Duration(-1), r.RetryAfter)
+		assert.Equal(t, Never, r.RetryAfter)
 		assert.Equal(t, int64(10), r.Remaining)
 		_, err = l.TryAcquire(ctx, 11)
 		assert.ErrorIs(t, err, ErrPermitsExceedRate)
@@ -515,7 +550,7 @@ func TestExpireFamily(t *testing.T) {
 
 		ttl, err := l.RemainTimeToLive(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, time.Duration(-2), ttl, "no key")
+		assert.Equal(t, NoKey, ttl, "no key")
 		ok, err := l.Expire(ctx, time.Minute)
 		require.NoError(t, err)
 		assert.False(t, ok)
@@ -523,7 +558,7 @@ func TestExpireFamily(t *testing.T) {
 		require.NoError(t, l.SetRate(ctx, Per(10, time.Hour)))
 		ttl, err = l.RemainTimeToLive(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, time.Duration(-1), ttl, "the config persists")
+		assert.Equal(t, NoExpiry, ttl, "the config persists")
 		_, err = l.Allow(ctx, 1)
 		require.NoError(t, err)
 
@@ -545,7 +580,7 @@ func TestExpireFamily(t *testing.T) {
 		assert.True(t, ok)
 		ttl, err = l.RemainTimeToLive(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, time.Duration(-1), ttl)
+		assert.Equal(t, NoExpiry, ttl)
 		ok, err = l.ClearExpire(ctx)
 		require.NoError(t, err)
 		assert.False(t, ok)
@@ -904,5 +939,65 @@ func TestResultWindow(t *testing.T) {
 			// The 10s of usage the first grant left (one in 6/min) carry over: SetRate keeps usage.
 			assert.Equal(t, Result{Allowed: true, Limit: 25, Remaining: 14, ResetAfter: 11 * time.Second, Window: 25 * time.Second}, r)
 		}
+	})
+}
+
+// deadlineIn is a context whose deadline is always d away, so that the time
+// a test takes does not shrink what Acquire sees as left.
+type deadlineIn struct {
+	context.Context
+	d time.Duration
+}
+
+func (c deadlineIn) Deadline() (time.Time, bool) { return time.Now().Add(c.d), true }
+
+// Acquire never sleeps past its context's deadline: the jitter that spreads
+// retries takes only half of the slack the deadline leaves beyond RetryAfter,
+// so the last attempt comes before the deadline. (It used to add up to 10ms
+// whatever the deadline, and fail with the permit free.)
+func TestAcquireNeverSleepsPastTheDeadline(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	clk := newClock()
+	c := newClient(rdb, clk)
+	var slept []time.Duration
+	c.sleep = func(_ context.Context, d time.Duration) error {
+		slept = append(slept, d)
+		clk.Add(d)
+		return nil
+	}
+	l := c.Funnel(uniqueName(t)).WithDefault(PerSecond(2)) // a permit every 500ms
+	ctx := deadlineIn{context.Background(), 502 * time.Millisecond}
+	for i := range 100 {
+		clk.Set(time.Duration(i) * time.Hour)
+		ok, err := l.TryAcquire(ctx, 2)
+		require.NoError(t, err)
+		require.True(t, ok)
+		slept = slept[:0]
+		require.NoError(t, l.Acquire(ctx, 1), "attempt %d", i)
+		require.Len(t, slept, 1, "one wait, then the permit")
+		assert.GreaterOrEqual(t, slept[0], 500*time.Millisecond)
+		assert.LessOrEqual(t, slept[0], 501*time.Millisecond, "attempt %d: half the 2ms of slack at most", i)
+	}
+}
+
+// Each error says one thing once: the sentinel's words, then the detail,
+// with no repeated prefix or kind word.
+func TestErrorMessages(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		c := newClient(rdb, newClock())
+		name := uniqueName(t)
+		l := c.Funnel(name)
+		_, err := l.Allow(ctx, 1)
+		assert.EqualError(t, err, "redlimit: rate not set: "+l.Name()+" holds no config and the handle has no default (WithDefault)")
+		require.NoError(t, l.SetRate(ctx, PerSecond(1)))
+		err = c.TokenBucket(name).SetRate(ctx, PerSecond(1))
+		assert.EqualError(t, err, "redlimit: limiter holds another algorithm: "+l.Name()+" holds a funnel config, not tokenbucket; Delete it to use the name with another algorithm")
+		rdb.HSet(ctx, l.Name(), "tat", "x")
+		_, err = l.Allow(ctx, 1)
+		assert.EqualError(t, err, `redlimit: corrupt state: `+l.Name()+`: field tat = "x"`)
+		_, err = c.Throttle(ctx, name, -1, 1, time.Second, 1)
+		assert.Equal(t, 1, strings.Count(err.Error(), "redlimit"), "%v", err)
 	})
 }

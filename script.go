@@ -177,12 +177,14 @@ func scriptError(ctx context.Context, err error) error {
 			detail = detail[:at]
 		}
 	}
-	sentinel := ErrCorruptState
-	switch kind, _, _ := strings.Cut(detail, " "); kind {
-	case "not":
-		sentinel = ErrNotInitialized
-	case "algorithm":
-		sentinel = ErrAlgorithmMismatch
+	// One statement after the sentinel's: the detail loses the kind word.
+	kind, detail, _ := strings.Cut(detail, " ")
+	switch kind {
+	case "not": // "not initialized <key>"
+		return fmt.Errorf("%w: %s holds no config and the handle has no default (WithDefault)",
+			ErrNotInitialized, strings.TrimPrefix(detail, "initialized "))
+	case "algorithm": // "algorithm <key> holds a <name> config, not <name>"
+		return fmt.Errorf("%w: %s; Delete it to use the name with another algorithm", ErrAlgorithmMismatch, detail)
 	}
-	return fmt.Errorf("%w: %s", sentinel, detail)
+	return fmt.Errorf("%w: %s", ErrCorruptState, detail) // "corrupt <key>: <what>"
 }

@@ -7,4 +7,4 @@ package redlimit
 // hash of at most Buckets counters.
 func (c *Client) SlidingWindow(name string) *Limiter { return c.limiter(name, slidingWindow) }
 
-var slidingWindow = newAlgorithm("sliding_window", "sliding_window.lua", true, false, "buckets")
+var slidingWindow = newAlgorithm(algorithm{name: "sliding_window", state: []string{"buckets"}, inConfig: true, buckets: true}, "sliding_window.lua")

@@ -101,7 +101,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 
 // usageError prints a command-line mistake with the command's usage.
 func usageError(fs *flag.FlagSet, format string, a ...any) int {
-	fmt.Fprintf(fs.Output(), "redlimit %s: %s\n", fs.Name(), fmt.Sprintf(format, a...))
+	// One prefix: the library's errors start with "redlimit: " too.
+	msg := strings.TrimPrefix(fmt.Sprintf(format, a...), "redlimit: ")
+	fmt.Fprintf(fs.Output(), "redlimit %s: %s\n", fs.Name(), msg)
 	fs.Usage()
 	return exitUsage
 }

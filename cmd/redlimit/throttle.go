@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit"
@@ -59,7 +60,7 @@ Flags go before the arguments.
 		return usageError(fs, "%v", err)
 	}
 	if err := be.open(ctx); err != nil {
-		fmt.Fprintf(stderr, "redlimit throttle: %v\n", err)
+		fmt.Fprintf(stderr, "redlimit throttle: %s\n", strings.TrimPrefix(err.Error(), "redlimit: "))
 		return exitFail
 	}
 	defer be.close()
@@ -75,7 +76,7 @@ Flags go before the arguments.
 			return usageError(fs, "%v", err)
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "redlimit throttle: %v\n", err)
+			fmt.Fprintf(stderr, "redlimit throttle: %s\n", strings.TrimPrefix(err.Error(), "redlimit: "))
 			return exitFail
 		}
 		limited := 0
