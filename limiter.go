@@ -207,6 +207,7 @@ type Limiter struct {
 	alg       algorithm
 	name      string
 	keys      []string // see scripts/common.lua: config, client registry, request log, state keys
+	clientID  any      // whose PerClient state keys[…] name, as a script argument
 	denialKey string   // in the local cache of denials
 	defaults  []any    // the default config's script arguments; nil without one
 	dflt      Config
@@ -215,7 +216,7 @@ type Limiter struct {
 
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	full := fullName(c.prefix, name)
-	l := &Limiter{client: c, alg: alg, name: full, denialKey: denialKey(alg.name+":"+full, sourceNone, nil)}
+	l := &Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, denialKey: denialKey(alg.name+":"+full, sourceNone, nil)}
 	if err := validName(name, full); err != nil {
 		l.err = err
 		return l
@@ -270,6 +271,43 @@ func validName(name, full string) error {
 		}
 	}
 	return nil
+}
+
+// Clients lists the clients that have PerClient state in the limiter (those
+// that were granted permits within the last interval or so), for
+// inspection with AsClient. It writes nothing.
+func (l *Limiter) Clients(ctx context.Context) ([]string, error) {
+	reply, err := l.eval(ctx, request{op: opClients})
+	if err != nil {
+		return nil, err
+	}
+	v, ok := reply.([]any)
+	if !ok {
+		return nil, unexpected(reply)
+	}
+	ids := make([]string, len(v))
+	for i, id := range v {
+		if ids[i], ok = id.(string); !ok {
+			return nil, unexpected(reply)
+		}
+	}
+	return ids, nil
+}
+
+// AsClient returns a handle on the same limiter as the client id sees it:
+// with a PerClient config, its AvailablePermits (or Allow(ctx, 0)) reports
+// that client's usage. For operators' tools; a service's own handles use
+// WithClientID.
+func (l *Limiter) AsClient(id string) *Limiter {
+	d := *l
+	if d.err != nil {
+		return &d
+	}
+	d.clientID = id
+	d.keys = append(slices.Clone(l.keys[:len(l.keys)-len(l.alg.state)]), l.stateKeys(id)...)
+	limiter, decision := splitDenialKey(l.denialKey)
+	d.denialKey = limiter + " as " + id + "\x00" + decision
+	return &d
 }
 
 // Name returns the limiter's full name (with the Client's prefix): the key of its config hash.
@@ -559,6 +597,7 @@ type request struct {
 var (
 	opAllow, opRelease, opGet, opSet, opTrySet    any = "allow", "release", "get", "set", "tryset"
 	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
+	opClients                                     any = "clients"
 
 	sourceNone, sourceDefault, sourceNew, sourceFixed any = "", "default", "new", "fixed"
 
@@ -596,7 +635,7 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	}
 	keys := l.keys
 	args := make([]any, 0, 13+len(req.clients))
-	args = append(args, req.op, now, req.n, c.clientIDArg, id, c.retryWindowArg, source)
+	args = append(args, req.op, now, req.n, l.clientID, id, c.retryWindowArg, source)
 	args = append(args, config...)
 	if len(req.clients) > 0 {
 		keys = slices.Clone(keys)

@@ -1001,3 +1001,32 @@ func TestErrorMessages(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(err.Error(), "redlimit"), "%v", err)
 	})
 }
+
+// An operator can list a PerClient limiter's clients and see each one's
+// usage, writing nothing.
+func TestClientsAndAsClient(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		clk := newClock()
+		x := a.new(newClient(rdb, clk, WithClientID("x")), name)
+		y := a.new(newClient(rdb, clk, WithClientID("y")), name)
+		require.NoError(t, x.SetRate(ctx, Config{Type: PerClient, Rate: 5, Interval: time.Minute}))
+		_, err := x.Allow(ctx, 2)
+		require.NoError(t, err)
+		_, err = y.Allow(ctx, 4)
+		require.NoError(t, err)
+
+		operator := a.new(newClient(rdb, clk, WithClientID("operator")), name)
+		before := snapshot(t, rdb, name)
+		ids, err := operator.Clients(ctx)
+		require.NoError(t, err)
+		assert.ElementsMatch(t, []string{"x", "y"}, ids)
+		for id, want := range map[string]int64{"x": 3, "y": 1, "nobody": 5} {
+			n, err := operator.AsClient(id).AvailablePermits(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, want, n, id)
+		}
+		assert.Equal(t, before, snapshot(t, rdb, name), "inspection writes nothing")
+	})
+}

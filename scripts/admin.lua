@@ -143,6 +143,9 @@ if op == 'ttl' then
   end
   return ttl
 end
+if op == 'clients' then
+  return call(KEYS[2], 'ZRANGE', KEYS[2], 0, -1)
+end
 if op == 'persist' then
   if not read_config() then
     return 0 -- state in the hash without a config expires when the limiter is full

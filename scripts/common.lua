@@ -14,7 +14,7 @@
 -- KEYS[4 ..]  state keys, group by group (see state_keys): the Overall ones
 --          (none when they live in KEYS[1]), this client's, then those of
 --          each client named in ARGV[14 ..]
--- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl
+-- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl | clients
 -- ARGV[2]  now in µs, or '' to read Redis TIME
 -- ARGV[3]  permits (allow, release) or milliseconds (expire)
 -- ARGV[4]  client id
