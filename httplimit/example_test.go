@@ -30,7 +30,6 @@ func ExampleNew() {
 	limit := httplimit.New(func(ip string) *redlimit.Limiter {
 		return client.FixedWindow("api:" + ip).WithDefault(cfg)
 	},
-		httplimit.Window(cfg.Interval),
 		httplimit.ClientIP("X-Forwarded-For", netip.MustParsePrefix("10.0.0.0/8")),
 	)
 	handler := limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -53,4 +52,49 @@ func ExampleNew() {
 	// 200 "default";q=2;w=60 "default";r=0;t=30
 	// 429 "default";q=2;w=60 "default";r=0;t=30
 	// Retry-After: 30
+}
+
+// Stacked limits: per client IP outside, per user inside. The response
+// reports both policies, outer first; the per-user one binds.
+func ExampleNew_stacked() {
+	mr, _ := miniredis.Run() // stands in for your Redis
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	now := func() time.Time { return time.Unix(1_800_000_030, 0) } // fixed, for a stable output
+	client := redlimit.New(rdb, redlimit.WithClock(now))
+
+	perIP := httplimit.New(func(ip string) *redlimit.Limiter {
+		return client.FixedWindow("ip:" + ip).WithDefault(redlimit.PerMinute(100))
+	}, httplimit.PolicyName("per-ip"))
+	perUser := httplimit.New(func(user string) *redlimit.Limiter {
+		return client.FixedWindow("user:" + user).WithDefault(redlimit.PerMinute(1))
+	}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"),
+		// A JSON body for denials, from the decision.
+		httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
+			d, _ := httplimit.FromContext(r.Context())
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprintf(w, `{"policy":%q,"retry_after_ms":%d}`+"\n", d.Policy, d.Result.RetryAfter.Milliseconds())
+		}))
+	handler := perIP(perUser(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello\n")
+	})))
+
+	for range 2 {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.Header.Set("X-User", "alice")
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, rec.Header().Get("RateLimit-Policy"))
+		fmt.Println(rec.Header().Get("RateLimit"))
+		fmt.Print(rec.Body)
+	}
+	// Output:
+	// 200 "per-ip";q=100;w=60, "per-user";q=1;w=60
+	// "per-ip";r=99;t=30, "per-user";r=0;t=30
+	// hello
+	// 429 "per-ip";q=100;w=60, "per-user";q=1;w=60
+	// "per-ip";r=98;t=30, "per-user";r=0;t=30
+	// {"policy":"per-user","retry_after_ms":30000}
 }

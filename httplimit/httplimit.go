@@ -9,15 +9,32 @@
 //	RateLimit: "default";r=42;t=17
 //
 // and, when the request is denied, 429 Too Many Requests with Retry-After.
-// q is the Result's Limit (the config's Rate; a funnel's Burst), so it follows
-// a SetRate at once; r is Remaining; t is in whole seconds, rounded up.
+// Every value comes from the decision, so each follows a SetRate at once: q is
+// the Result's Limit (the config's Rate; a funnel's Burst), w its Window (the
+// config's Interval; the time a funnel's Burst takes to drain), r Remaining;
+// w and t are in whole seconds, rounded up.
+//
+// Middlewares can be stacked, say per IP outside and per user inside, each
+// with its own PolicyName. Both fields are lists: each middleware appends its
+// policy to RateLimit-Policy and its decision to RateLimit, outer first, so
+// the response reports every limit the request counted against (the draft
+// lets RateLimit carry an item for each policy in force), and a client can
+// see which one binds, the one with the fewest permits left:
+//
+//	RateLimit-Policy: "per-ip";q=100;w=60, "per-user";q=2;w=60
+//	RateLimit: "per-ip";r=97;t=41, "per-user";r=0;t=41
+//
+// The handlers after the middleware, DeniedHandler and ErrorHandler among
+// them, find its Decision with FromContext.
 package httplimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit"
@@ -31,11 +48,11 @@ var ErrNoKey = errors.New("httplimit: no key")
 //	KeyFunc        ClientIP(""): the IP address of RemoteAddr, no proxy trusted
 //	PermitsFunc    1 permit per request
 //	PolicyName     "default"
-//	Window         0: RateLimit-Policy has no w parameter
 //	LegacyHeaders  false: no X-RateLimit-Limit, -Remaining, -Reset
 //	FailOpen       false: when Redis is unavailable, answer 503 Service Unavailable
 //	ErrorHook      none
 //	DeniedHandler  429 Too Many Requests with a text/plain body
+//	ErrorHandler   400, 500 or 503 with a text/plain body
 //	Clock          time.Now, read only for X-RateLimit-Reset
 type Option interface{ apply(*options) }
 
@@ -43,15 +60,14 @@ type options struct {
 	key     KeyFunc
 	permits PermitsFunc
 	policy  PolicyName
-	window  Window
 	legacy  LegacyHeaders
 	open    FailOpen
 	hook    ErrorHook
 	denied  DeniedHandler
+	failed  ErrorHandler
 	now     Clock
 
-	name   string // the policy name as an sf-string
-	wParam string // ";w=60", or "" without a Window
+	name string // the policy name as an sf-string
 }
 
 // KeyFunc names the client a request counts against: the limiter used is
@@ -61,31 +77,39 @@ type options struct {
 type KeyFunc func(r *http.Request) (string, error)
 
 // PermitsFunc is how many permits a request takes. Zero lets it through and
-// only reports the limiter's state; a negative number is an error (ErrorHook,
-// FailOpen).
+// only reports the limiter's state. A negative number is a bug, not an
+// outage: ErrorHook is told (redlimit.ErrInvalidPermits) and the request is
+// answered 500 Internal Server Error, whatever FailOpen says.
 type PermitsFunc func(r *http.Request) int64
 
 // PolicyName identifies the policy in RateLimit-Policy and RateLimit. It must
-// be printable ASCII: New panics otherwise.
+// be printable ASCII: New panics otherwise. Stacked middlewares need names of
+// their own, or a client cannot tell their items apart.
 type PolicyName string
 
-// Window is the policy's time window, sent as RateLimit-Policy's w parameter
-// in whole seconds, rounded up. Set it to the Interval of the limiters'
-// config: it is not read from Redis, which would cost a round trip per request
-// (a limiter's config can differ per key and change at any time).
+// Window was the policy's time window, sent as RateLimit-Policy's w
+// parameter.
+//
+// Deprecated: ignored. w is each decision's redlimit.Result.Window, which
+// follows the config in force; a fixed Window went stale as soon as a SetRate
+// changed the interval.
 type Window time.Duration
 
 // LegacyHeaders adds the pre-standard fields many clients still read:
 // X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset, the last as
-// a Unix time in seconds, as GitHub's API sends it.
+// a Unix time in seconds, as GitHub's API sends it. They hold one limit only:
+// under stacked middlewares that set them, the one that binds (a denial; else
+// the fewest permits left; on a tie, the later reset).
 type LegacyHeaders bool
 
-// FailOpen lets requests through, without rate-limit fields, when Redis
-// cannot decide (redlimit.ErrUnavailable: unreachable, timed out, failing
-// over). Without it they are answered 503 Service Unavailable. Either way
-// ErrorHook learns the error. Any other error (ErrNotInitialized, a negative
-// PermitsFunc, corrupt state) is a bug to fix, not an outage to ride out: it
-// is answered 500 Internal Server Error whatever FailOpen says.
+// FailOpen lets requests through, without rate-limit fields of their own,
+// when Redis cannot decide (redlimit.ErrUnavailable: unreachable, timed out,
+// failing over, WithBreaker open). Without it they are answered 503 Service
+// Unavailable. Either way ErrorHook learns the error. Any other error is a
+// bug or a setup to fix, not an outage to ride out, and is answered 500
+// Internal Server Error whatever FailOpen says: redlimit.ErrMisconfigured
+// (Redis refused the call: an ACL, a password), ErrNotInitialized, a negative
+// PermitsFunc (ErrInvalidPermits), corrupt state.
 //
 // A Client made WithFailOpen grants such requests itself: Allow then reports
 // no error, so ErrorHook is not told (the Client's observer is), and the
@@ -98,8 +122,20 @@ type FailOpen bool
 type ErrorHook func(r *http.Request, err error)
 
 // DeniedHandler writes the response to a denied request. The rate-limit
-// fields and Retry-After are set before it is called.
+// fields and Retry-After are set before it is called, and
+// FromContext(r.Context()) holds the decision (its Result).
 type DeniedHandler func(w http.ResponseWriter, r *http.Request)
+
+// ErrorHandler writes the response to a request the middleware could not
+// decide, after ErrorHook. status is what the middleware would answer: 400
+// Bad Request (the KeyFunc failed), 503 Service Unavailable (Redis is
+// unavailable and FailOpen is off) or 500 Internal Server Error (any other
+// error); err is why (FromContext(r.Context()).Err too). When a Client's
+// breaker is open (redlimit.ErrBreakerOpen), Retry-After is set before it is
+// called: 1 second, the breaker's default cool-down. The cool-down in force
+// is not known here, and a client back too early is answered at once by the
+// breaker without touching Redis.
+type ErrorHandler func(w http.ResponseWriter, r *http.Request, status int, err error)
 
 // Clock is the time X-RateLimit-Reset counts from. Tests pass the clock
 // their redlimit.Client has (redlimit.WithClock).
@@ -108,12 +144,36 @@ type Clock func() time.Time
 func (o KeyFunc) apply(opts *options)       { opts.key = o }
 func (o PermitsFunc) apply(opts *options)   { opts.permits = o }
 func (o PolicyName) apply(opts *options)    { opts.policy = o }
-func (o Window) apply(opts *options)        { opts.window = o }
+func (Window) apply(*options)               {}
 func (o LegacyHeaders) apply(opts *options) { opts.legacy = o }
 func (o FailOpen) apply(opts *options)      { opts.open = o }
 func (o ErrorHook) apply(opts *options)     { opts.hook = o }
 func (o DeniedHandler) apply(opts *options) { opts.denied = o }
+func (o ErrorHandler) apply(opts *options)  { opts.failed = o }
 func (o Clock) apply(opts *options)         { opts.now = o }
+
+// Decision is what the middleware made of a request. The handlers after it
+// (the next handler, DeniedHandler, ErrorHandler) read it with FromContext.
+type Decision struct {
+	Policy string // the PolicyName
+	Key    string // what the KeyFunc returned; "" when it failed
+	// Result is the limiter's answer: zero when there is none (Err is set),
+	// Limit 0 when a Client made WithFailOpen granted without Redis.
+	Result redlimit.Result
+	// Err is why there is no Result: the KeyFunc's error, or Allow's
+	// (redlimit.ErrUnavailable under FailOpen when the request was let
+	// through without a decision). nil when there is a Result.
+	Err error
+}
+
+type decisionKey struct{}
+
+// FromContext returns the Decision of the innermost httplimit middleware the
+// request has passed through, and whether there is one.
+func FromContext(ctx context.Context) (Decision, bool) {
+	d, ok := ctx.Value(decisionKey{}).(Decision)
+	return d, ok
+}
 
 // New returns middleware that takes permits from limiterFor(key) for each
 // request, key naming its client (KeyFunc). A Limiter is one named limit, so
@@ -121,10 +181,9 @@ func (o Clock) apply(opts *options)         { opts.now = o }
 // trip to make; the config goes with the handle (WithDefault) or is stored
 // once in Redis (SetRate):
 //
-//	cfg := redlimit.PerMinute(100)
 //	limit := httplimit.New(func(key string) *redlimit.Limiter {
-//		return client.FixedWindow("api:" + key).WithDefault(cfg)
-//	}, httplimit.Window(cfg.Interval))
+//		return client.FixedWindow("api:" + key).WithDefault(redlimit.PerMinute(100))
+//	})
 //	http.ListenAndServe(":8080", limit(mux))
 //
 // limiterFor must not return nil.
@@ -134,6 +193,7 @@ func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(htt
 		permits: func(*http.Request) int64 { return 1 },
 		policy:  "default",
 		denied:  tooManyRequests,
+		failed:  errorStatus,
 		now:     time.Now,
 	}
 	for _, opt := range opts {
@@ -143,39 +203,45 @@ func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(htt
 		panic(fmt.Sprintf("httplimit: policy name %q is not printable ASCII", o.policy))
 	}
 	o.name = strconv.Quote(string(o.policy)) // for printable ASCII, Go's quoting is sf-string's
-	if o.window > 0 {
-		o.wParam = ";w=" + strconv.FormatInt(ceilSeconds(time.Duration(o.window)), 10)
-	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key, err := o.key(r)
-			if err != nil {
-				o.report(r, err)
-				http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+			d := Decision{Policy: string(o.policy)}
+			d.Key, d.Err = o.key(r)
+			if d.Err != nil {
+				d.Key = ""
+				o.fail(w, r, d, http.StatusBadRequest)
 				return
 			}
-			res, err := limiterFor(key).Allow(r.Context(), o.permits(r))
+			d.Result, d.Err = limiterFor(d.Key).Allow(r.Context(), o.permits(r))
 			switch {
-			case err == nil:
+			case d.Err == nil:
 			case r.Context().Err() != nil:
 				return // the client is gone: nothing to answer
-			case errors.Is(err, redlimit.ErrUnavailable):
-				o.report(r, err)
+			case errors.Is(d.Err, redlimit.ErrMisconfigured):
+				// Checked first: a refusal must never fail open, even were
+				// it to wrap ErrUnavailable too.
+				o.fail(w, r, d, http.StatusInternalServerError)
+				return
+			case errors.Is(d.Err, redlimit.ErrUnavailable):
 				if o.open {
-					next.ServeHTTP(w, r)
+					o.report(r, d.Err)
+					next.ServeHTTP(w, withDecision(r, d))
 					return
 				}
-				http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
+				if errors.Is(d.Err, redlimit.ErrBreakerOpen) {
+					w.Header().Set("Retry-After", "1")
+				}
+				o.fail(w, r, d, http.StatusServiceUnavailable)
 				return
 			default:
-				o.report(r, err)
-				http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+				o.fail(w, r, d, http.StatusInternalServerError)
 				return
 			}
-			if res.Limit > 0 { // 0: granted by a Client's WithFailOpen, without a decision
-				o.setFields(w.Header(), res)
+			r = withDecision(r, d)
+			if d.Result.Limit > 0 { // 0: granted by a Client's WithFailOpen, without a decision
+				o.setFields(w.Header(), d.Result)
 			}
-			if !res.Allowed {
+			if !d.Result.Allowed {
 				o.denied(w, r)
 				return
 			}
@@ -184,17 +250,28 @@ func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(htt
 	}
 }
 
+func withDecision(r *http.Request, d Decision) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), decisionKey{}, d))
+}
+
+// fail answers a request that got no decision.
+func (o *options) fail(w http.ResponseWriter, r *http.Request, d Decision, status int) {
+	o.report(r, d.Err)
+	o.failed(w, withDecision(r, d), status, d.Err)
+}
+
 func (o *options) report(r *http.Request, err error) {
 	if o.hook != nil {
 		o.hook(r, err)
 	}
 }
 
-// setFields writes the rate-limit fields of one decision. The effective
-// window t is when the limiter is full again (ResetAfter); on a denial it is
-// the wait (RetryAfter) instead, since the draft wants Retry-After to point
-// no earlier than the end of the effective window. A request for more than
-// Limit gets no Retry-After: no wait would help.
+// setFields writes the rate-limit fields of one decision, after those of
+// any middleware the request passed through before. The effective window t
+// is when the limiter is full again (ResetAfter); on a denial it is the wait
+// (RetryAfter) instead, since the draft wants Retry-After to point no earlier
+// than the end of the effective window. A request for more than Limit gets no
+// Retry-After: no wait would help.
 func (o *options) setFields(h http.Header, res redlimit.Result) {
 	window := res.ResetAfter
 	if !res.Allowed && res.RetryAfter >= 0 {
@@ -202,18 +279,57 @@ func (o *options) setFields(h http.Header, res redlimit.Result) {
 		h.Set("Retry-After", strconv.FormatInt(ceilSeconds(window), 10))
 	}
 	limit, remaining := strconv.FormatInt(res.Limit, 10), strconv.FormatInt(res.Remaining, 10)
-	h.Set("RateLimit-Policy", o.name+";q="+limit+o.wParam)
-	h.Set("RateLimit", o.name+";r="+remaining+";t="+strconv.FormatInt(ceilSeconds(window), 10))
-	if o.legacy {
-		reset := o.now().Add(window)
-		h.Set("X-RateLimit-Limit", limit)
-		h.Set("X-RateLimit-Remaining", remaining)
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(time.Duration(reset.UnixNano())), 10))
+	policy := o.name + ";q=" + limit
+	if res.Window > 0 {
+		policy += ";w=" + strconv.FormatInt(ceilSeconds(res.Window), 10)
 	}
+	appendItem(h, "RateLimit-Policy", policy)
+	appendItem(h, "RateLimit", o.name+";r="+remaining+";t="+strconv.FormatInt(ceilSeconds(window), 10))
+	if o.legacy {
+		reset := ceilSeconds(time.Duration(o.now().Add(window).UnixNano()))
+		if binds(h, res, reset) {
+			h.Set("X-RateLimit-Limit", limit)
+			h.Set("X-RateLimit-Remaining", remaining)
+			h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+		}
+	}
+}
+
+// appendItem adds item to a structured-field list, keeping the list on one
+// field line: the draft allows several lines, but many clients read only the
+// first (Header.Get among them).
+func appendItem(h http.Header, field, item string) {
+	if prev := h.Values(field); len(prev) > 0 {
+		item = strings.Join(prev, ", ") + ", " + item
+	}
+	h.Set(field, item)
+}
+
+// binds reports whether res is a tighter limit than the one the legacy
+// fields already hold, from a middleware the request passed before. A denial
+// always is: the earlier middleware granted, or this one would not have run.
+// Otherwise the fewer permits left, then the later reset.
+func binds(h http.Header, res redlimit.Result, reset int64) bool {
+	if !res.Allowed {
+		return true
+	}
+	prev, err := strconv.ParseInt(h.Get("X-RateLimit-Remaining"), 10, 64)
+	if err != nil {
+		return true
+	}
+	if res.Remaining != prev {
+		return res.Remaining < prev
+	}
+	prevReset, err := strconv.ParseInt(h.Get("X-RateLimit-Reset"), 10, 64)
+	return err != nil || reset > prevReset
 }
 
 func tooManyRequests(w http.ResponseWriter, _ *http.Request) {
 	http.Error(w, http.StatusText(http.StatusTooManyRequests), http.StatusTooManyRequests)
+}
+
+func errorStatus(w http.ResponseWriter, _ *http.Request, status int, _ error) {
+	http.Error(w, http.StatusText(status), status)
 }
 
 // ceilSeconds rounds up to whole seconds, the only unit the fields allow.

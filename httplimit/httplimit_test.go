@@ -5,12 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -89,7 +91,6 @@ func TestInstancesShareOneLimit(t *testing.T) {
 			limit := httplimit.New(func(key string) *redlimit.Limiter {
 				return client.FixedWindow(name + key).WithDefault(cfg)
 			},
-				httplimit.Window(cfg.Interval),
 				httplimit.LegacyHeaders(true),
 				httplimit.Clock(now.Now),
 				// The test's requests all come from 127.0.0.1: trusting it as a
@@ -195,7 +196,9 @@ func TestInstancesShareOneLimit(t *testing.T) {
 	})
 }
 
-// TestErrors covers what happens when no decision can be made.
+// TestErrors covers what happens when no decision can be made: the status,
+// what ErrorHook and ErrorHandler are told, and that the only field set is
+// Retry-After, when the breaker is open.
 func TestErrors(t *testing.T) {
 	type limiterFor func(*redlimit.Client) func(string) *redlimit.Limiter
 	withDefault := func(client *redlimit.Client) func(string) *redlimit.Limiter {
@@ -206,36 +209,71 @@ func TestErrors(t *testing.T) {
 	withoutConfig := func(client *redlimit.Client) func(string) *redlimit.Limiter {
 		return func(key string) *redlimit.Limiter { return client.FixedWindow("errors:" + key) }
 	}
+	negative := httplimit.PermitsFunc(func(*http.Request) int64 { return -1 })
+	breaker := redlimit.WithBreaker(1, time.Hour)
 
 	tests := []struct {
 		name       string
 		limiterFor limiterFor
 		clientOpts []redlimit.Option
 		opts       []httplimit.Option
-		redisDown  bool
+		redis      string // "up", "down", or "wrong password"
+		before     int    // requests served before the one checked
 		status     int
-		wantErr    error // nil: the hook must not be called
+		wantErr    error  // nil: the hook must not be called
+		retryAfter string // "": none
 	}{
-		{"no key: 400, even failing open", withDefault, nil, []httplimit.Option{httplimit.Header("X-API-Key"), httplimit.FailOpen(true)}, false, 400, httplimit.ErrNoKey},
-		{"not initialized: 500, even failing open", withoutConfig, nil, []httplimit.Option{httplimit.FailOpen(true)}, false, 500, redlimit.ErrNotInitialized},
-		{"negative permits: 500", withDefault, nil, []httplimit.Option{httplimit.PermitsFunc(func(*http.Request) int64 { return -1 })}, false, 500, redlimit.ErrInvalidPermits},
-		{"redis down: fail closed", withDefault, nil, nil, true, 503, redlimit.ErrUnavailable},
-		{"redis down: fail open", withDefault, nil, []httplimit.Option{httplimit.FailOpen(true)}, true, 200, redlimit.ErrUnavailable},
-		{"redis down: the Client fails open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, true, 200, nil},
+		{"no key: 400, even failing open", withDefault, nil, []httplimit.Option{httplimit.Header("X-API-Key"), httplimit.FailOpen(true)}, "up", 0, 400, httplimit.ErrNoKey, ""},
+		{"not initialized: 500, even failing open", withoutConfig, nil, []httplimit.Option{httplimit.FailOpen(true)}, "up", 0, 500, redlimit.ErrNotInitialized, ""},
+		{"negative permits: 500", withDefault, nil, []httplimit.Option{negative}, "up", 0, 500, redlimit.ErrInvalidPermits, ""},
+		{"negative permits: 500, even failing open", withDefault, nil, []httplimit.Option{negative, httplimit.FailOpen(true)}, "up", 0, 500, redlimit.ErrInvalidPermits, ""},
+		{"misconfigured: 500, even failing open", withDefault, nil, []httplimit.Option{httplimit.FailOpen(true)}, "wrong password", 0, 500, redlimit.ErrMisconfigured, ""},
+		{"misconfigured: 500, even with the Client failing open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, "wrong password", 0, 500, redlimit.ErrMisconfigured, ""},
+		{"redis down: fail closed", withDefault, nil, nil, "down", 0, 503, redlimit.ErrUnavailable, ""},
+		{"redis down: fail open", withDefault, nil, []httplimit.Option{httplimit.FailOpen(true)}, "down", 0, 200, redlimit.ErrUnavailable, ""},
+		{"redis down: the Client fails open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, "down", 0, 200, nil, ""},
+		// The first failure opens the breaker; the next request is answered
+		// by it, and told when to come back.
+		{"breaker: the failure that opens it", withDefault, []redlimit.Option{breaker}, nil, "down", 0, 503, redlimit.ErrUnavailable, ""},
+		{"breaker open: 503 with Retry-After", withDefault, []redlimit.Option{breaker}, nil, "down", 1, 503, redlimit.ErrBreakerOpen, "1"},
+		{"breaker open: fail open", withDefault, []redlimit.Option{breaker}, []httplimit.Option{httplimit.FailOpen(true)}, "down", 1, 200, redlimit.ErrBreakerOpen, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := miniredis.RunT(t)
-			rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
-			t.Cleanup(func() { _ = rdb.Close() })
-			if tt.redisDown {
+			ro := &redis.Options{Addr: m.Addr(), MaxRetries: -1}
+			switch tt.redis {
+			case "down":
 				m.Close()
+			case "wrong password":
+				m.RequireAuth("secret")
+				ro.Password = "wrong"
 			}
+			rdb := redis.NewClient(ro)
+			t.Cleanup(func() { _ = rdb.Close() })
 			var hooked []error
-			opts := append([]httplimit.Option{httplimit.ErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) })}, tt.opts...)
+			type handled struct {
+				status int
+				err    error
+				ctxErr error // FromContext's
+			}
+			var errorHandled []handled
+			opts := append([]httplimit.Option{
+				httplimit.ErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) }),
+				httplimit.ErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
+					d, _ := httplimit.FromContext(r.Context())
+					errorHandled = append(errorHandled, handled{status, err, d.Err})
+					w.WriteHeader(status)
+					_, _ = io.WriteString(w, "custom: "+err.Error())
+				}),
+			}, tt.opts...)
 			handler := httplimit.New(tt.limiterFor(redlimit.New(rdb, tt.clientOpts...)), opts...)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				_, _ = io.WriteString(w, "ok")
 			}))
+			for range tt.before {
+				handler.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+			}
+			hooked, errorHandled = nil, nil
 			rec := httptest.NewRecorder()
 			handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 
@@ -248,17 +286,57 @@ func TestErrors(t *testing.T) {
 			case tt.wantErr != nil && (len(hooked) != 1 || !errors.Is(hooked[0], tt.wantErr)):
 				t.Errorf("hook got %v, want one error matching %v", hooked, tt.wantErr)
 			}
+			if tt.status == 200 {
+				if len(errorHandled) > 0 || rec.Body.String() != "ok" {
+					t.Errorf("ErrorHandler got %v, body %q; want the next handler's", errorHandled, rec.Body)
+				}
+			} else {
+				if len(errorHandled) != 1 || errorHandled[0].status != tt.status || !errors.Is(errorHandled[0].err, tt.wantErr) || errorHandled[0].ctxErr != errorHandled[0].err {
+					t.Errorf("ErrorHandler got %v, want one call with %d and an error matching %v, in the context too", errorHandled, tt.status, tt.wantErr)
+				} else if want := "custom: " + errorHandled[0].err.Error(); rec.Body.String() != want {
+					t.Errorf("body %q, want %q", rec.Body, want)
+				}
+			}
 			for _, f := range rateLimitFields {
-				if v := rec.Header().Get(f); v != "" {
-					t.Errorf("%s: %q without a decision", f, v)
+				want := ""
+				if f == "Retry-After" {
+					want = tt.retryAfter
+				}
+				if v := rec.Header().Get(f); v != want {
+					t.Errorf("%s: %q, want %q", f, v, want)
 				}
 			}
 		})
 	}
 }
 
-// TestDefaults: one permit per request, no window, no legacy fields, and a
-// funnel's q is its burst.
+// TestMisconfiguredOnRedis: a refusal from a real Redis (an ACL that does not
+// cover the limiter's keys) is a 500 that no FailOpen turns into a pass.
+func TestMisconfiguredOnRedis(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Shared(t)
+	admin := s.Client(t)
+	user := uniqueName(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~elsewhere:*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(ctx, "ACL", "DELUSER", user).Err() })
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: user, Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	client := redlimit.New(rdb, redlimit.WithFailOpen())
+	var hooked error
+	handler := httplimit.New(func(key string) *redlimit.Limiter {
+		return client.FixedWindow(uniqueName(t) + key).WithDefault(redlimit.PerSecond(10))
+	}, httplimit.FailOpen(true), httplimit.ErrorHook(func(_ *http.Request, err error) { hooked = err }))(http.NotFoundHandler())
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if rec.Code != 500 || !errors.Is(hooked, redlimit.ErrMisconfigured) || !strings.Contains(hooked.Error(), "NOPERM") {
+		t.Errorf("%d, hook got %v; want 500 and a NOPERM ErrMisconfigured", rec.Code, hooked)
+	}
+}
+
+// TestDefaults: one permit per request, no legacy fields, and a funnel's q is
+// its burst, its w the time the burst takes to drain.
 func TestDefaults(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
@@ -274,9 +352,9 @@ func TestDefaults(t *testing.T) {
 	}))(http.NotFoundHandler())
 
 	want := []map[string]string{
-		{"RateLimit-Policy": `"per \"ip\"";q=2`, "RateLimit": `"per \"ip\"";r=1;t=1`},
-		{"RateLimit-Policy": `"per \"ip\"";q=2`, "RateLimit": `"per \"ip\"";r=0;t=2`},
-		{"RateLimit-Policy": `"per \"ip\"";q=2`, "RateLimit": `"per \"ip\"";r=0;t=1`, "Retry-After": "1"},
+		{"RateLimit-Policy": `"per \"ip\"";q=2;w=2`, "RateLimit": `"per \"ip\"";r=1;t=1`},
+		{"RateLimit-Policy": `"per \"ip\"";q=2;w=2`, "RateLimit": `"per \"ip\"";r=0;t=2`},
+		{"RateLimit-Policy": `"per \"ip\"";q=2;w=2`, "RateLimit": `"per \"ip\"";r=0;t=1`, "Retry-After": "1"},
 	}
 	for i, fields := range want {
 		rec := httptest.NewRecorder()
@@ -315,4 +393,183 @@ func TestClientGone(t *testing.T) {
 	if rec.Body.Len() != 0 || len(rec.Header()) != 0 || hooked {
 		t.Errorf("answered %d %v %q, hook called: %v", rec.Code, rec.Header(), rec.Body, hooked)
 	}
+}
+
+// fieldsOf returns every rate-limit field of a response, each field's lines
+// joined by " | ": a list must be on one line, which Header.Get reads whole.
+func fieldsOf(h http.Header) map[string]string {
+	got := map[string]string{}
+	for _, f := range rateLimitFields {
+		if v := h.Values(f); len(v) > 0 {
+			got[f] = strings.Join(v, " | ")
+		}
+	}
+	return got
+}
+
+// TestStackedPolicies: a per-IP middleware outside a per-user one. Each
+// appends its policy and its decision to the lists, outer first; the legacy
+// fields, which hold one limit, hold the one that binds.
+func TestStackedPolicies(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := &clock{}
+		name := uniqueName(t)
+		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
+		perIP := httplimit.New(func(ip string) *redlimit.Limiter {
+			return client.FixedWindow(name + "ip:" + ip).WithDefault(redlimit.PerMinute(5))
+		}, httplimit.PolicyName("per-ip"), httplimit.LegacyHeaders(true), httplimit.Clock(now.Now))
+		perUser := httplimit.New(func(user string) *redlimit.Limiter {
+			return client.FixedWindow(name + "user:" + user).WithDefault(redlimit.PerMinute(2))
+		}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"), httplimit.LegacyHeaders(true), httplimit.Clock(now.Now))
+		handler := perIP(perUser(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "ok")
+		})))
+
+		const both = `"per-ip";q=5;w=60, "per-user";q=2;w=60`
+		reset := strconv.FormatInt(windowStart.Unix()+60, 10)
+		steps := []struct {
+			at     time.Duration
+			user   string
+			status int
+			fields map[string]string
+		}{
+			// per-user has fewer permits left: it binds.
+			{10 * time.Second, "alice", 200, map[string]string{
+				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=4;t=50, "per-user";r=1;t=50`,
+				"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": reset}},
+			{20 * time.Second, "alice", 200, map[string]string{
+				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=3;t=40, "per-user";r=0;t=40`,
+				"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+			// per-user denies; per-ip granted, and counted the request.
+			{30 * time.Second, "alice", 429, map[string]string{
+				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=2;t=30, "per-user";r=0;t=30`, "Retry-After": "30",
+				"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+			// A tie (1 left each, same reset): the outer's fields stay.
+			{30 * time.Second, "bob", 200, map[string]string{
+				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=1;t=30, "per-user";r=1;t=30`,
+				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": reset}},
+			// per-ip has fewer left: it binds.
+			{40 * time.Second, "carol", 200, map[string]string{
+				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=0;t=20, "per-user";r=1;t=20`,
+				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+			// per-ip denies: per-user never decides, so it is not reported.
+			{45 * time.Second, "dave", 429, map[string]string{
+				"RateLimit-Policy": `"per-ip";q=5;w=60`, "RateLimit": `"per-ip";r=0;t=15`, "Retry-After": "15",
+				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+		}
+		for i, step := range steps {
+			now.Set(windowStart.Add(step.at))
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("X-User", step.user)
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, req)
+			if got := fieldsOf(rec.Header()); rec.Code != step.status || !maps.Equal(got, step.fields) {
+				t.Errorf("step %d (+%v, %s): %d %v\nwant %d %v", i, step.at, step.user, rec.Code, got, step.status, step.fields)
+			}
+		}
+	})
+}
+
+// TestPolicyFollowsConfig: w is the window of the config in force, read from
+// each decision, so a SetRate that changes the interval changes w at once.
+// The deprecated Window option, set here as a user of the old API would, is
+// ignored.
+func TestPolicyFollowsConfig(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := &clock{}
+		name := uniqueName(t)
+		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
+		twoPer10s := redlimit.Config{Rate: 2, Interval: 10 * time.Second}
+		limiterFor := map[string]func(string) *redlimit.Limiter{
+			"fixed window": func(key string) *redlimit.Limiter {
+				return client.FixedWindow(name + "fixed:" + key).WithDefault(twoPer10s)
+			},
+			// A funnel's q is its Burst, and w the time the Burst takes to
+			// drain: 4 at 2 per 10 s is 20 s.
+			"funnel": func(key string) *redlimit.Limiter {
+				return client.Funnel(name + "funnel:" + key).WithDefault(redlimit.Config{Rate: 2, Interval: 10 * time.Second, Burst: 4})
+			},
+		}
+		steps := []struct {
+			at      time.Duration
+			alg     string
+			setRate redlimit.Config // stored before the request when Rate > 0
+			fields  map[string]string
+		}{
+			{3 * time.Second, "fixed window", redlimit.Config{}, map[string]string{
+				"RateLimit-Policy": `"per-user";q=2;w=10`, "RateLimit": `"per-user";r=1;t=7`}},
+			// The issue's case: the interval becomes a minute.
+			{3 * time.Second, "fixed window", redlimit.PerMinute(2), map[string]string{
+				"RateLimit-Policy": `"per-user";q=2;w=60`, "RateLimit": `"per-user";r=0;t=57`}},
+			{4 * time.Second, "fixed window", redlimit.Config{}, map[string]string{
+				"RateLimit-Policy": `"per-user";q=2;w=60`, "RateLimit": `"per-user";r=0;t=56`, "Retry-After": "56"}},
+			{3 * time.Second, "funnel", redlimit.Config{}, map[string]string{
+				"RateLimit-Policy": `"per-user";q=4;w=20`, "RateLimit": `"per-user";r=3;t=5`}},
+			// The same Burst at 1 per minute drains in 4 minutes.
+			{3 * time.Second, "funnel", redlimit.Config{Rate: 1, Interval: time.Minute, Burst: 4}, map[string]string{
+				"RateLimit-Policy": `"per-user";q=4;w=240`, "RateLimit": `"per-user";r=2;t=65`}},
+		}
+		for i, step := range steps {
+			now.Set(windowStart.Add(step.at))
+			if step.setRate.Rate > 0 {
+				if err := limiterFor[step.alg]("u1").SetRate(context.Background(), step.setRate); err != nil {
+					t.Fatal(err)
+				}
+			}
+			handler := httplimit.New(limiterFor[step.alg], httplimit.PolicyName("per-user"), httplimit.Header("X-User"),
+				httplimit.Window(10*time.Second))(http.NotFoundHandler())
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("X-User", "u1")
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, req)
+			if got := fieldsOf(rec.Header()); !maps.Equal(got, step.fields) {
+				t.Errorf("step %d (+%v, %s): %v\nwant %v", i, step.at, step.alg, got, step.fields)
+			}
+		}
+	})
+}
+
+// TestHandlersSeeDecision: the next handler and DeniedHandler read the
+// decision from the request's context, and write their own bodies with it.
+func TestHandlersSeeDecision(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := &clock{}
+		now.Set(windowStart.Add(10 * time.Second))
+		name := uniqueName(t)
+		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
+		describe := func(r *http.Request) string {
+			d, ok := httplimit.FromContext(r.Context())
+			if !ok {
+				return "no decision"
+			}
+			res := d.Result
+			return fmt.Sprintf("%s %s: allowed %v, limit %d, remaining %d, retry after %v, reset after %v, window %v, err %v",
+				d.Policy, d.Key, res.Allowed, res.Limit, res.Remaining, res.RetryAfter, res.ResetAfter, res.Window, d.Err)
+		}
+		handler := httplimit.New(func(user string) *redlimit.Limiter {
+			return client.FixedWindow(name + user).WithDefault(redlimit.PerMinute(1))
+		}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"),
+			httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusTooManyRequests)
+				_, _ = io.WriteString(w, "denied: "+describe(r))
+			}))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "granted: "+describe(r))
+		}))
+
+		for i, want := range []struct {
+			status int
+			body   string
+		}{
+			{200, "granted: per-user alice: allowed true, limit 1, remaining 0, retry after 0s, reset after 50s, window 1m0s, err <nil>"},
+			{429, "denied: per-user alice: allowed false, limit 1, remaining 0, retry after 50s, reset after 50s, window 1m0s, err <nil>"},
+		} {
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("X-User", "alice")
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, req)
+			if rec.Code != want.status || rec.Body.String() != want.body {
+				t.Errorf("request %d: %d %q\nwant %d %q", i, rec.Code, rec.Body, want.status, want.body)
+			}
+		}
+	})
 }

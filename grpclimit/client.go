@@ -1,0 +1,84 @@
+package grpclimit
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/redlimit/redlimit"
+)
+
+// UnaryClientInterceptor waits for permits from limiterFor(ctx, method)
+// (Limiter.Acquire) before each unary call, for an upstream that limits its
+// callers: every instance of the calling service then shares the upstream's
+// quota instead of being denied by it. ctx is the call's outgoing context; a
+// nil Limiter leaves the call unlimited.
+//
+// The wait honours the call's deadline. When the limiter says the wait would
+// pass it, the call fails at once, without reaching the upstream, with
+// codes.DeadlineExceeded: the code the caller would get by waiting, so its
+// handling of deadlines applies, and one that gRPC's retry policies and
+// callers do not take for the upstream's own ResourceExhausted (which says
+// retrying later helps; here a longer deadline would). A call for more
+// permits than the limit can ever grant fails with codes.ResourceExhausted.
+// Redis unavailable is codes.Unavailable, or the call goes ahead with
+// FailOpen; any other error, redlimit.ErrMisconfigured among them, is
+// codes.Internal.
+func UnaryClientInterceptor(limiterFor func(ctx context.Context, method string) *redlimit.Limiter, opts ...ClientOption) grpc.UnaryClientInterceptor {
+	o := newClientOptions(opts)
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
+		if err := o.wait(ctx, method, req, limiterFor); err != nil {
+			return err
+		}
+		return invoker(ctx, method, req, reply, cc, callOpts...)
+	}
+}
+
+// StreamClientInterceptor is UnaryClientInterceptor for streams: it waits
+// once, before the stream starts, PermitsFunc given no request.
+func StreamClientInterceptor(limiterFor func(ctx context.Context, method string) *redlimit.Limiter, opts ...ClientOption) grpc.StreamClientInterceptor {
+	o := newClientOptions(opts)
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, callOpts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if err := o.wait(ctx, method, nil, limiterFor); err != nil {
+			return nil, err
+		}
+		return streamer(ctx, desc, cc, method, callOpts...)
+	}
+}
+
+func newClientOptions(opts []ClientOption) *clientOptions {
+	o := &clientOptions{permits: onePermit}
+	for _, opt := range opts {
+		opt.applyClient(o)
+	}
+	return o
+}
+
+// wait takes a call's permits, waiting for them. A nil error lets the call
+// go ahead; any other is the status to end it with. A wait that cannot end
+// before the deadline, and a request above the limit, are denials, not
+// errors: ErrorHook is not told.
+func (o *clientOptions) wait(ctx context.Context, method string, req any, limiterFor func(ctx context.Context, method string) *redlimit.Limiter) error {
+	limiter := limiterFor(ctx, method)
+	if limiter == nil {
+		return nil
+	}
+	err := limiter.Acquire(ctx, o.permits(ctx, method, req))
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil || errors.Is(err, redlimit.ErrMisconfigured) || errors.Is(err, redlimit.ErrUnavailable):
+		return o.failed(ctx, method, err)
+	case errors.Is(err, redlimit.ErrPermitsExceedRate):
+		return status.Error(codes.ResourceExhausted, "grpclimit: more permits than the rate limit grants")
+	case errors.Is(err, context.DeadlineExceeded):
+		// Acquire's refusal to start a wait longer than the time left; the
+		// context itself has not ended (checked above).
+		return status.Error(codes.DeadlineExceeded, "grpclimit: the rate limit's wait would pass the call's deadline")
+	default:
+		return o.failed(ctx, method, err)
+	}
+}

@@ -1,0 +1,289 @@
+// Package grpclimit is gRPC middleware for redlimit: server interceptors that
+// rate-limit incoming calls, so that every instance of a service shares one
+// limit per caller, and client interceptors that wait for a shared limit
+// before calling a rate-limited upstream.
+//
+// A server interceptor makes one decision per call (Limiter.Allow): a unary
+// call or a whole stream, whatever the number of messages it carries. Its
+// Result goes into the response's header metadata as the fields httplimit
+// writes (draft-ietf-httpapi-ratelimit-headers), in gRPC's lower case:
+//
+//	ratelimit-policy: "default";q=100;w=60
+//	ratelimit: "default";r=42;t=17
+//
+// A denied call ends with codes.ResourceExhausted and a google.rpc.RetryInfo
+// detail holding the exact wait (Result.RetryAfter). Every value comes from
+// the decision, so each follows a SetRate at once: q is the Result's Limit
+// (the config's Rate; a funnel's Burst), w its Window (the config's Interval;
+// the time a funnel's Burst takes to drain), r Remaining; t is until the
+// limiter is full again, or on a denial the wait; w and t are in whole
+// seconds, rounded up.
+//
+// The interceptors are safe for concurrent use.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/redlimit/redlimit"
+)
+
+// The header metadata keys a server interceptor sets on every call it decides.
+const (
+	PolicyKey    = "ratelimit-policy"
+	RateLimitKey = "ratelimit"
+)
+
+// ErrNoKey: the call does not carry what its key is made of.
+var ErrNoKey = errors.New("grpclimit: no key")
+
+// Option configures the server interceptors. The options and their defaults:
+//
+//	KeyFunc      PeerIP(): the IP address of the connection's peer
+//	PermitsFunc  1 permit per call
+//	PolicyName   "default"
+//	FailOpen     false: when Redis is unavailable, fail calls with codes.Unavailable
+//	ErrorHook    none
+type Option interface{ apply(*options) }
+
+// ClientOption configures the client interceptors: PermitsFunc, FailOpen and
+// ErrorHook, with the same defaults.
+type ClientOption interface{ applyClient(*clientOptions) }
+
+// KeyFunc names the caller a call counts against; the limiter is
+// limiterFor(method, key). An error fails the call whatever FailOpen says
+// (the key comes from the call, and failing open would let a caller skip
+// the limit by leaving out what the key is made of): with the error's own
+// code when it is a gRPC status (status.FromError), else with
+// codes.InvalidArgument.
+type KeyFunc func(ctx context.Context, method string) (string, error)
+
+// PermitsFunc is how many permits a call takes. method is the full method
+// name ("/package.Service/Method"); req is a unary call's request message,
+// and nil for a stream, which is decided before any message. Zero lets the
+// call through and only reports the limiter's state; a negative number is an
+// error (ErrorHook, codes.Internal).
+type PermitsFunc func(ctx context.Context, method string, req any) int64
+
+// PolicyName identifies the policy in ratelimit-policy and ratelimit. It must
+// be printable ASCII: the interceptor constructors panic otherwise.
+type PolicyName string
+
+// FailOpen lets calls through when Redis cannot decide
+// (redlimit.ErrUnavailable: unreachable, timed out, failing over), without
+// rate-limit metadata on the server. Without it they fail with
+// codes.Unavailable. Either way ErrorHook learns the error.
+//
+// Any other error is a bug or a misconfiguration to fix, not an outage to
+// ride out, and fails the call with codes.Internal whatever FailOpen says:
+// redlimit.ErrMisconfigured above all (Redis refused: an ACL, a password),
+// which failing open would turn into limits silently switched off.
+// codes.Internal rather than FailedPrecondition because the caller can do
+// nothing about it, as httplimit answers 500 to it.
+//
+// A Client made WithFailOpen grants such calls itself: no error reaches the
+// interceptor, so ErrorHook is not told (the Client's observer is).
+type FailOpen bool
+
+// ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
+// not of a call whose context ended first, nor of a denial. It runs on the
+// call's goroutine, so it must be quick: a log line, a counter.
+type ErrorHook func(ctx context.Context, method string, err error)
+
+type options struct {
+	key    KeyFunc
+	policy PolicyName
+	clientOptions
+
+	name string // the policy name as an sf-string
+}
+
+type clientOptions struct {
+	permits PermitsFunc
+	open    FailOpen
+	hook    ErrorHook
+}
+
+func (o KeyFunc) apply(opts *options)     { opts.key = o }
+func (o PolicyName) apply(opts *options)  { opts.policy = o }
+func (o PermitsFunc) apply(opts *options) { o.applyClient(&opts.clientOptions) }
+func (o FailOpen) apply(opts *options)    { o.applyClient(&opts.clientOptions) }
+func (o ErrorHook) apply(opts *options)   { o.applyClient(&opts.clientOptions) }
+
+func (o PermitsFunc) applyClient(opts *clientOptions) { opts.permits = o }
+func (o FailOpen) applyClient(opts *clientOptions)    { opts.open = o }
+func (o ErrorHook) applyClient(opts *clientOptions)   { opts.hook = o }
+
+func onePermit(context.Context, string, any) int64 { return 1 }
+
+// UnaryServerInterceptor takes permits from limiterFor(method, key) for each
+// unary call, key naming its caller (KeyFunc). A Limiter is one named limit,
+// so limiterFor returns a handle per key (and per method, for limits that
+// differ by method). Handles hold no state and cost no round trip to make:
+//
+//	limiterFor := func(method, key string) *redlimit.Limiter {
+//		return client.FixedWindow("rpc:" + key).WithDefault(redlimit.PerMinute(100))
+//	}
+//	srv := grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor)),
+//		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor)))
+//
+// A nil Limiter leaves the call unlimited (health checks, say).
+func UnaryServerInterceptor(limiterFor func(method, key string) *redlimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
+	o := newOptions(opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		setHeader := func(md metadata.MD) error { return grpc.SetHeader(ctx, md) }
+		if err := o.decide(ctx, info.FullMethod, req, limiterFor, setHeader); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor is UnaryServerInterceptor for streams: one decision
+// when the stream starts, PermitsFunc given no request.
+func StreamServerInterceptor(limiterFor func(method, key string) *redlimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
+	o := newOptions(opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := o.decide(ss.Context(), info.FullMethod, nil, limiterFor, ss.SetHeader); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+func newOptions(opts []Option) *options {
+	o := &options{
+		key:           PeerIP(),
+		policy:        "default",
+		clientOptions: clientOptions{permits: onePermit},
+	}
+	for _, opt := range opts {
+		opt.apply(o)
+	}
+	if !printable(string(o.policy)) {
+		panic(fmt.Sprintf("grpclimit: policy name %q is not printable ASCII", o.policy))
+	}
+	o.name = strconv.Quote(string(o.policy)) // for printable ASCII, Go's quoting is sf-string's
+	return o
+}
+
+// decide takes a call's permits. A nil error lets the call through; any
+// other is the status to end it with.
+func (o *options) decide(ctx context.Context, method string, req any, limiterFor func(method, key string) *redlimit.Limiter, setHeader func(metadata.MD) error) error {
+	key, err := o.key(ctx, method)
+	if err != nil {
+		o.report(ctx, method, err)
+		if st, ok := status.FromError(err); ok {
+			return st.Err()
+		}
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	limiter := limiterFor(method, key)
+	if limiter == nil {
+		return nil
+	}
+	res, err := limiter.Allow(ctx, o.permits(ctx, method, req))
+	if err != nil {
+		return o.failed(ctx, method, err)
+	}
+	if res.Limit > 0 { // 0: granted by a Client's WithFailOpen, without a decision
+		// SetHeader fails only once headers are sent, which nothing has
+		// done before the handler runs.
+		_ = setHeader(o.fields(res))
+	}
+	if !res.Allowed {
+		return denied(res)
+	}
+	return nil
+}
+
+// failed maps an error from the limiter to the call's status; nil lets the
+// call through (FailOpen). The context's end comes first: the caller is gone
+// or out of time, and its own error says so better than the limiter's.
+// ErrMisconfigured is checked before ErrUnavailable so that nothing can fail
+// it open.
+func (o *clientOptions) failed(ctx context.Context, method string, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	case errors.Is(err, redlimit.ErrMisconfigured):
+		o.report(ctx, method, err)
+		return status.Error(codes.Internal, "grpclimit: rate limiter misconfigured")
+	case errors.Is(err, redlimit.ErrUnavailable):
+		o.report(ctx, method, err)
+		if o.open {
+			return nil
+		}
+		return status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+	default:
+		o.report(ctx, method, err)
+		return status.Error(codes.Internal, "grpclimit: rate limiter failed")
+	}
+}
+
+func (o *clientOptions) report(ctx context.Context, method string, err error) {
+	if o.hook != nil {
+		o.hook(ctx, method, err)
+	}
+}
+
+// fields are httplimit's RateLimit-Policy and RateLimit for one decision.
+// The effective window t is when the limiter is full again (ResetAfter); on
+// a denial it is the wait (RetryAfter) instead, as the draft wants.
+func (o *options) fields(res redlimit.Result) metadata.MD {
+	window := res.ResetAfter
+	if !res.Allowed && res.RetryAfter >= 0 {
+		window = res.RetryAfter
+	}
+	policy := o.name + ";q=" + strconv.FormatInt(res.Limit, 10)
+	if res.Window > 0 {
+		policy += ";w=" + strconv.FormatInt(ceilSeconds(res.Window), 10)
+	}
+	return metadata.Pairs(
+		PolicyKey, policy,
+		RateLimitKey, o.name+";r="+strconv.FormatInt(res.Remaining, 10)+";t="+strconv.FormatInt(ceilSeconds(window), 10),
+	)
+}
+
+// denied is the status of a denied call: RetryInfo carries the exact wait,
+// unrounded. A call for more permits than the limit gets none: no wait
+// would help.
+func denied(res redlimit.Result) error {
+	if res.RetryAfter < 0 {
+		return status.Error(codes.ResourceExhausted, "grpclimit: more permits than the rate limit grants")
+	}
+	st := status.New(codes.ResourceExhausted, "grpclimit: rate limit exceeded")
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}
+
+// ceilSeconds rounds up to whole seconds, the only unit the fields allow.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
