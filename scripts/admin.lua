@@ -16,7 +16,7 @@ if op == 'allow' or op == 'release' then
   else
     s = algorithm.load(cfg, KEYS[4], unpack(call(KEYS[4], 'HMGET', KEYS[4], unpack(fields)), 1, #fields))
   end
-  local permits = tonumber(ARGV[3])
+  local permits = ARGV[3] + 0
   local reply = 0
   if op == 'allow' then
     reply = decide(cfg, s, permits)

@@ -119,8 +119,11 @@ end
 -- (nil when there is none) and what HMGET read, whose positions from 8 on
 -- are the Overall state's fields.
 local function read_config()
-  local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
+  local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
     'algorithm', unpack(algorithm.fields or {}))
+  if f.err then
+    fail('corrupt ' .. KEYS[1] .. ': ' .. f.err)
+  end
   if not f[1] and not f[2] and not f[7] then
     return nil, f
   end
@@ -173,8 +176,14 @@ end
 -- or the keep-alive the dispatch refreshes).
 local function save(cfg, key, ttl_us, ...)
   redis.call('HSET', key, ...)
-  if ttl_us ~= nil and (key ~= KEYS[1] or not cfg.stored) then
+  if ttl_us == nil then
+    return
+  elseif key ~= KEYS[1] then
     redis.call('PEXPIRE', key, expiry(cfg, ttl_us, key))
+  elseif not cfg.stored then
+    local ttl_ms = (ttl_us + (-ttl_us) % 1000) / 1000 -- expiry's rounding, without its call
+    if ttl_ms < 1 then ttl_ms = 1 end
+    redis.call('PEXPIRE', key, ttl_ms)
   end
 end
 
@@ -209,7 +218,7 @@ local function decide(cfg, s, permits)
     local wait = algorithm.wait(cfg, s, permits)
     if wait <= 0 then
       allowed = 1
-      if permits > 0 and (algorithm.resent or first_run()) and algorithm.commit(cfg, s, permits)
+      if permits > 0 and (algorithm.resent or ARGV[6] == '' or first_run()) and algorithm.commit(cfg, s, permits)
           and cfg.type == 1 then
         -- The registry lets Delete, Reset and Expire reach every client's
         -- keys. It lives as long as any client's state can: one interval, or
