@@ -25,10 +25,14 @@
 //
 // rewrites each workspace module's require of another to HEAD's
 // pseudo-version and runs `go mod tidy` against the proxy it writes.
+// `go mod tidy` ignores go.work, so run by hand in otel/, bench/ or
+// cmd/redlimit/ it needs the pinned library too: from the module cache once
+// CI or -pin has run here, or from this proxy with
+// GOPROXY=file://DIR,$(go env GOPROXY) GONOSUMDB=github.com/redlimit/redlimit.
 //
-// Only the standard library: the zip layout and hashes follow
-// golang.org/x/mod/zip and golang.org/x/mod/sumdb/dirhash (checked against
-// them when this was written), and the library's go.mod stays as it is.
+// Only the standard library, so that the library's go.mod stays as it is: the
+// zip layout and hashes follow golang.org/x/mod/zip and
+// golang.org/x/mod/sumdb/dirhash (main_test.go holds a hash they computed).
 package main
 
 import (
