@@ -1,250 +1,106 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
+	"strings"
 	"time"
 
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit"
 )
 
-// checks holds what the report shows besides the throughput tables.
-type checks struct {
-	floor     float64 // go-redis, one EvalSha of `return 1` with one key
-	shaped    float64 // go-redis, one EvalSha with a funnel's keys, arguments and reply
-	allocs    []allocRow
-	serial    []serialRow
-	memory    []memRow
-	tbRecords []recordRow
-	keys      []keysRow
-	loaded    []loadedRow
-	// loaded: callers deciding for loadedFor over loadedLimiters limiters
-	loadedCallers, loadedLimiters int
-	loadedFor                     time.Duration
-	scaling                       []scaleRow
-}
-
-type allocRow struct {
-	name   string
-	allocs float64
-}
-
-type memRow struct {
-	limiter string
-	keys    []keyBytes // every key the limiter holds
-	target  int64      // 0 for none
-}
-
-func (m memRow) bytes() (n int64) {
-	for _, k := range m.keys {
-		n += k.bytes
-	}
-	return n
-}
-
-type keyBytes struct {
-	key   string
-	bytes int64
-	ttl   time.Duration
-}
-
-type recordRow struct {
-	records int64
-	bytes   int64 // of the permits zset
-}
-
-// keysRow is what a limiter leaves in Redis once it should leave nothing.
-type keysRow struct {
-	limiter, after string
-	held           int        // keys before (after the grants)
-	left           []keyBytes // keys after
-}
-
-// loadedRow is DBSIZE right after callers decided over many limiters.
-type loadedRow struct {
-	limiter   string
-	decisions uint64
-	dbsize    int64
-	target    int64 // 0 for none
-}
-
-type scaleRow struct {
-	records        int64 // in the log before each batch
-	usec, denyUsec float64
-}
-
-func runChecks(ctx context.Context, e *env, l *load, o options) (*checks, error) {
-	c := &checks{}
+// runChecks measures what a limiter keeps in Redis (bytes, keys) and how the
+// token bucket's Redis time grows with its log, each on an emptied
+// database, into rep's sections.
+func runChecks(ctx context.Context, e *env, l *load, rep *report) error {
 	steps := []struct {
 		name string
-		run  func(context.Context, *env) error
+		run  func(context.Context, *env, *report) error
 	}{
-		{"allocations", c.runAllocs},
-		{"server time, one caller", c.runSerial},
-		{"memory", c.runMemory},
-		{"keys left", c.runKeys},
-		{"keys under load", func(ctx context.Context, e *env) error { return c.runLoaded(ctx, e, l, o) }},
-		{"token bucket scaling", c.runScaling},
+		{"memory", runMemory},
+		{"keys left", runKeysLeft},
+		{"keys under load", func(ctx context.Context, e *env, rep *report) error { return runLoaded(ctx, e, l, rep) }},
+		{"token bucket log size", runLogSize},
 	}
 	for _, s := range steps {
 		start := time.Now()
 		if err := e.admin.FlushAll(ctx).Err(); err != nil {
-			return nil, err
+			return err
 		}
-		if err := s.run(ctx, e); err != nil {
-			return nil, fmt.Errorf("%s: %w", s.name, err)
+		if err := s.run(ctx, e, rep); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		log("check %s done in %v", s.name, time.Since(start).Round(time.Millisecond))
 	}
-	return c, nil
-}
-
-// allocsPerCall counts Go heap allocations per call of f, on one goroutine
-// so that little else runs meanwhile.
-func allocsPerCall(f func() error) (float64, error) {
-	const n = 3000
-	for range 100 {
-		if err := f(); err != nil {
-			return 0, err
-		}
-	}
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range n {
-		if err := f(); err != nil {
-			return 0, err
-		}
-	}
-	runtime.ReadMemStats(&after)
-	return float64(after.Mallocs-before.Mallocs) / n, nil
-}
-
-func (c *checks) runAllocs(ctx context.Context, e *env) error {
-	if err := e.rdb.ScriptLoad(ctx, trivial).Err(); err != nil {
-		return err
-	}
-	var err error
-	key := []string{"bench:alloc:trivial"}
-	if c.floor, err = allocsPerCall(func() error { return e.rdb.EvalSha(ctx, trivialSHA, key).Err() }); err != nil {
-		return err
-	}
-	// The wire shape of a funnel's Allow with a default config: 4 keys, 13
-	// arguments of the same types (boxed once, here), a reply of 5
-	// integers. What go-redis costs for that, before the library does anything.
-	const shapedSrc = "return {1, 1000000, 999999, 0, 1000000}"
-	shapedSHA := redis.NewScript(shapedSrc).Hash()
-	if err := e.rdb.ScriptLoad(ctx, shapedSrc).Err(); err != nil {
-		return err
-	}
-	keys := []string{"shaped", "{shaped}:clients", "{shaped}:requests", "{shaped}:tat:0123456789abcdef"}
-	args := []any{"allow", "", int64(1), "0123456789abcdef", "", "", "default",
-		int64(1000000), int64(1000), int64(0), int64(0), int64(0), int64(0)}
-	c.shaped, err = allocsPerCall(func() error { return e.rdb.EvalSha(ctx, shapedSHA, keys, args...).Err() })
-	if err != nil {
-		return err
-	}
-
-	big := redlimit.PerSecond(bigRate)
-	client := redlimit.New(e.rdb)
-	for _, stored := range []bool{false, true} {
-		for _, alg := range algorithms {
-			name := alg.name + " Allow"
-			l := alg.new(client, "bench:alloc:"+alg.short).WithDefault(big)
-			if stored {
-				name += ", stored config"
-				l = alg.new(client, "bench:alloc:stored:"+alg.short)
-				if err := l.SetRate(ctx, big); err != nil {
-					return err
-				}
-			}
-			a, err := allocsPerCall(func() error { _, err := l.Allow(ctx, 1); return err })
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			c.allocs = append(c.allocs, allocRow{name, a})
-		}
-	}
-	peer := redis_rate.NewLimiter(e.rdb)
-	limit := redis_rate.PerSecond(bigRate)
-	a, err := allocsPerCall(func() error { _, err := peer.Allow(ctx, "bench:alloc:peer", limit); return err })
-	c.allocs = append(c.allocs, allocRow{"redis_rate Allow", a})
-	return err
+	return nil
 }
 
 // memoryName is a typical limiter name (a user id), since the key names are
 // part of what MEMORY USAGE counts.
 const memoryName = "user:1234567"
 
-func (c *checks) runMemory(ctx context.Context, e *env) error {
-	short := redlimit.Per(1000, 200*time.Millisecond)
+func runMemory(ctx context.Context, e *env, rep *report) error {
+	short, hour := redlimit.Per(1000, 200*time.Millisecond), redlimit.Per(1_000_000, time.Hour)
 	plain := redlimit.New(e.rdb)
-	withDefault := func(alg algorithm) func() (*redlimit.Limiter, error) {
-		return func() (*redlimit.Limiter, error) { return alg.new(plain, memoryName).WithDefault(short), nil }
-	}
 	cases := []struct {
 		name    string
-		target  int64
-		limiter func() (*redlimit.Limiter, error) // nil: slidingFilled
+		target  int64 // bytes; 0 for none
+		limiter func() (*redlimit.Limiter, error)
 		grants  int
 	}{
-		{"Funnel", 120, withDefault(funnel), 1},
-		{"FixedWindow", 120, withDefault(fixedWindow), 1},
-		{"SlidingWindow, 10 buckets, each holding a grant", 120 + 16*10, nil, 10},
-		{"SlidingWindow, 100 buckets, each holding a grant", 120 + 16*100, nil, 100},
-		{"TokenBucket", 0, withDefault(tokenBucket), 1},
+		{"Funnel", 120, withDefault(plain, funnel, short), 1},
+		{"FixedWindow", 120, withDefault(plain, fixedWindow, short), 1},
+		{"SlidingWindow, 10 buckets", 120 + 16*10, slidingFilled(ctx, e.rdb, 10), 0},
+		{"SlidingWindow, 100 buckets", 120 + 16*100, slidingFilled(ctx, e.rdb, 100), 0},
+		{"TokenBucket", 0, withDefault(plain, tokenBucket, short), 1},
+		// Below and above the size where Redis turns a small listpack zset into a skiplist (128).
+		{"TokenBucket, 100 grants in its log (`Per(1000000, 1h)`)", 0, withDefault(plain, tokenBucket, hour), 100},
+		{"TokenBucket, 1,000 grants in its log", 0, withDefault(plain, tokenBucket, hour), 1000},
 		{"Funnel, stored config (SetRate)", 0, func() (*redlimit.Limiter, error) {
 			l := plain.Funnel(memoryName)
 			return l, l.SetRate(ctx, short)
 		}, 1},
-		{"Funnel, WithRetryWindow(15s)", 0, func() (*redlimit.Limiter, error) {
-			return redlimit.New(e.rdb, redlimit.WithRetryWindow(15*time.Second)).Funnel(memoryName).WithDefault(short), nil
-		}, 1},
+		{"Funnel, WithRetryWindow(15s)", 0, withDefault(redlimit.New(e.rdb, redlimit.WithRetryWindow(15*time.Second)), funnel, short), 1},
 	}
+	s := rep.section("Memory", fmt.Sprintf("MEMORY USAGE (SAMPLES 0) of every key a limiter named `%s` holds (no prefix), right after\n", memoryName)+
+		"its grants: 1 on `Per(1000, 200ms)` unless the row says otherwise; the sliding windows: `Rate 1000,\n"+
+		"Interval 1s`, the client's clock stepped one sub-window per grant so every bucket holds one.",
+		"| limiter | bytes | target | keys |\n|---|--:|--:|---|")
 	for _, cs := range cases {
 		if err := e.admin.FlushAll(ctx).Err(); err != nil {
 			return err
 		}
-		var err error
-		if cs.limiter == nil {
-			err = slidingFilled(ctx, e.rdb, cs.grants)
-		} else {
-			err = grant(ctx, cs.limiter, cs.grants)
-		}
-		if err != nil {
+		if err := grant(ctx, cs.limiter, cs.grants); err != nil {
 			return fmt.Errorf("%s: %w", cs.name, err)
 		}
 		keys, err := allKeys(ctx, e.admin)
 		if err != nil {
 			return err
 		}
-		c.memory = append(c.memory, memRow{limiter: cs.name, keys: keys, target: cs.target})
-	}
-
-	// Token bucket: bytes per record of the permits log, below and above
-	// the size where Redis turns a small listpack zset into a skiplist (128).
-	for _, n := range []int64{100, 1000} {
-		if err := e.admin.FlushAll(ctx).Err(); err != nil {
-			return err
+		var bytes int64
+		var names []string
+		for _, k := range keys {
+			bytes += k.bytes
+			names = append(names, fmt.Sprintf("`%s` %d B, ttl %s", k.key, k.bytes, fmtTTL(k.ttl)))
 		}
-		l := plain.TokenBucket(memoryName).WithDefault(redlimit.Per(1_000_000, time.Hour))
-		if err := parallel(ctx, 16, int(n), func(int) error { _, err := l.Allow(ctx, 1); return err }); err != nil {
-			return err
+		target := "–"
+		if cs.target > 0 {
+			target = fmt.Sprintf("≤ %d", cs.target)
+			rep.judge(targetBytes, judge(cs.name, fmt.Sprintf("%d B (≤ %d)", bytes, cs.target), float64(bytes), float64(cs.target), false))
 		}
-		bytes, err := e.admin.MemoryUsage(ctx, "{"+memoryName+"}:permits", 0).Result()
-		if err != nil {
-			return err
-		}
-		c.tbRecords = append(c.tbRecords, recordRow{records: n, bytes: bytes})
+		s.row(cs.name, bytes, target, strings.Join(names, "<br>"))
 	}
 	return nil
 }
 
-// grant makes a limiter and has it grant n requests, 8 at a time.
+func withDefault(c *redlimit.Client, alg algorithm, cfg redlimit.Config) func() (*redlimit.Limiter, error) {
+	return func() (*redlimit.Limiter, error) { return alg.new(c, memoryName).WithDefault(cfg), nil }
+}
+
+// grant makes a limiter and has it decide n requests, 8 at a time.
 func grant(ctx context.Context, limiter func() (*redlimit.Limiter, error), n int) error {
 	l, err := limiter()
 	if err != nil {
@@ -256,18 +112,25 @@ func grant(ctx context.Context, limiter func() (*redlimit.Limiter, error), n int
 // slidingFilled makes a sliding window of 1 s whose every sub-window holds a
 // grant. Its client runs on a clock stepped one sub-window at a time, so no
 // grant is left to timing luck.
-func slidingFilled(ctx context.Context, rdb redis.Scripter, buckets int) error {
-	now := time.Now()
-	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now }))
-	cfg := redlimit.Config{Rate: 1000, Interval: time.Second, Buckets: buckets}
-	l := client.SlidingWindow(memoryName).WithDefault(cfg)
-	for range buckets {
-		if _, err := l.Allow(ctx, 1); err != nil {
-			return err
+func slidingFilled(ctx context.Context, rdb redis.Scripter, buckets int) func() (*redlimit.Limiter, error) {
+	return func() (*redlimit.Limiter, error) {
+		now := time.Now()
+		cfg := redlimit.Config{Rate: 1000, Interval: time.Second, Buckets: buckets}
+		l := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now })).SlidingWindow(memoryName).WithDefault(cfg)
+		for range buckets {
+			if _, err := l.Allow(ctx, 1); err != nil {
+				return nil, err
+			}
+			now = now.Add(cfg.Interval / time.Duration(buckets))
 		}
-		now = now.Add(cfg.Interval / time.Duration(buckets))
+		return l, nil
 	}
-	return nil
+}
+
+type keyBytes struct {
+	key   string
+	bytes int64
+	ttl   time.Duration
 }
 
 // allKeys lists every key in the (benchmark's own) database with its
@@ -278,7 +141,7 @@ func allKeys(ctx context.Context, admin *redis.Client) ([]keyBytes, error) {
 		return nil, err
 	}
 	slices.Sort(names)
-	out := make([]keyBytes, 0, len(names))
+	var out []keyBytes
 	for _, k := range names {
 		bytes, err := admin.MemoryUsage(ctx, k, 0).Result()
 		if err == redis.Nil {
@@ -296,99 +159,91 @@ func allKeys(ctx context.Context, admin *redis.Client) ([]keyBytes, error) {
 	return out, nil
 }
 
-// runKeys counts the keys a limiter leaves (1) once it is full again, having
-// no stored config: 50 grants on Per(1000, 200ms), then the interval and the
-// time Redis's active expiry takes to reclaim keys; and (2) after Delete,
-// with a stored PerClient config, two clients and the retry window on, so
-// that every kind of key is there to remove.
-func (c *checks) runKeys(ctx context.Context, e *env) error {
+// runKeysLeft counts the keys a limiter leaves once it is full again, having
+// no stored config, and after Delete, with a stored PerClient config, two
+// clients and the retry window on, so that every kind of key is there to
+// remove.
+func runKeysLeft(ctx context.Context, e *env, rep *report) error {
 	short := redlimit.Per(1000, 200*time.Millisecond)
 	perClient := redlimit.Config{Rate: 1000, Interval: time.Hour, Type: redlimit.PerClient}
-	count := func(alg algorithm, after string, held int) error {
-		left, err := allKeys(ctx, e.admin)
-		c.keys = append(c.keys, keysRow{limiter: alg.name, after: after, held: held, left: left})
-		return err
-	}
+	s := rep.section("Keys", "Keys left in the benchmark's own, otherwise empty, database. Drained: 50 grants on\n"+
+		"`Per(1000, 200ms)` with no stored config, then a wait of 500 ms (the interval, plus time for\n"+
+		"Redis's active expiry). Delete: 50 grants from each of two Clients on a stored PerClient config\n"+
+		"`Per(1000, 1h)` with `WithRetryWindow(15s)`, then `Delete` from one of them.",
+		"| limiter | after | keys before | keys left | what is left |\n|---|---|--:|--:|---|")
 	for _, alg := range algorithms {
-		for _, window := range []time.Duration{0, short.Interval} {
+		for _, cs := range []struct {
+			after   string
+			window  time.Duration // 0: off
+			clients int           // 2: a stored config, then Delete
+		}{{"drained", 0, 1}, {"drained, WithRetryWindow(200ms)", short.Interval, 1}, {"Delete", 15 * time.Second, 2}} {
 			if err := e.admin.FlushAll(ctx).Err(); err != nil {
 				return err
 			}
-			after := "drained"
-			var opts []redlimit.Option
-			if window > 0 {
-				after, opts = fmt.Sprintf("drained, WithRetryWindow(%v)", window), []redlimit.Option{redlimit.WithRetryWindow(window)}
+			var l *redlimit.Limiter
+			for range cs.clients {
+				err := grant(ctx, func() (*redlimit.Limiter, error) {
+					l = alg.new(redlimit.New(e.rdb, redlimit.WithRetryWindow(cs.window)), memoryName)
+					if cs.clients == 1 {
+						return l.WithDefault(short), nil
+					}
+					return l, l.SetRate(ctx, perClient)
+				}, 50)
+				if err != nil {
+					return err
+				}
 			}
-			err := grant(ctx, func() (*redlimit.Limiter, error) {
-				return alg.new(redlimit.New(e.rdb, opts...), memoryName).WithDefault(short), nil
-			}, 50)
+			before := e.admin.DBSize(ctx).Val()
+			if cs.clients == 1 {
+				time.Sleep(short.Interval + 300*time.Millisecond)
+			} else if _, err := l.Delete(ctx); err != nil {
+				return err
+			}
+			left, err := allKeys(ctx, e.admin)
 			if err != nil {
 				return err
 			}
-			held, err := e.admin.DBSize(ctx).Result()
-			if err != nil {
-				return err
+			var names []string
+			for _, k := range left {
+				names = append(names, fmt.Sprintf("`%q` ttl %s", k.key, fmtTTL(k.ttl)))
 			}
-			time.Sleep(short.Interval + 300*time.Millisecond)
-			if err := count(alg, after, int(held)); err != nil {
-				return err
-			}
-		}
-
-		if err := e.admin.FlushAll(ctx).Err(); err != nil {
-			return err
-		}
-		var limiters []*redlimit.Limiter
-		for range 2 {
-			l := alg.new(redlimit.New(e.rdb, redlimit.WithRetryWindow(15*time.Second)), memoryName)
-			limiters = append(limiters, l)
-			if err := grant(ctx, func() (*redlimit.Limiter, error) { return l, l.SetRate(ctx, perClient) }, 50); err != nil {
-				return err
-			}
-		}
-		held, err := e.admin.DBSize(ctx).Result()
-		if err != nil {
-			return err
-		}
-		if _, err := limiters[0].Delete(ctx); err != nil {
-			return err
-		}
-		if err := count(alg, "Delete (stored PerClient config, 2 clients, WithRetryWindow(15s))", int(held)); err != nil {
-			return err
+			s.row(alg.name, cs.after, before, len(left), cmp.Or(strings.Join(names, "<br>"), "nothing"))
+			rep.judge(targetKeysLeft, judge(alg.name+", "+cs.after, fmt.Sprint(len(left)), float64(len(left)), 0, false))
 		}
 	}
 	return nil
 }
 
-// runLoaded counts the keys in Redis right after the first number of
-// callers decided for 2 s over -keys limiters, with a limit that never
-// denies and whose state outlives the run (each grant keeps a funnel full
-// for 3.6 s more), so that every limiter touched still holds all its keys.
-func (c *checks) runLoaded(ctx context.Context, e *env, l *load, o options) error {
-	c.loadedCallers, c.loadedLimiters, c.loadedFor = o.callers[0], o.keys, 2*time.Second
-	run := &load{env: e, callers: l.callers, warmup: l.warmup, duration: c.loadedFor}
-	long := redlimit.Per(bigRate, 1000*time.Hour)
-	cases := []struct {
-		limiter string
-		alg     algorithm
-		target  int64
-		opts    []redlimit.Option
+// runLoaded counts the keys in Redis right after 64 callers decided for 2 s
+// over -keys limiters, with a limit that never denies and whose state
+// outlives the run, so that every limiter touched still holds all its keys.
+func runLoaded(ctx context.Context, e *env, l *load, rep *report) error {
+	callers, limiters, span := 64, rep.keys, 2*time.Second
+	run := &load{env: e, callers: l.callers, warmup: l.warmup, duration: span}
+	long := redlimit.Per(bigRate, 1000*time.Hour) // a grant keeps a funnel's state 3.6 s
+	s := rep.section("", fmt.Sprintf("DBSIZE right after %d callers decided for %v over %s limiters, at `Per(%d, 1000h)`: it never\n",
+		callers, span, fmtRate(float64(limiters)), bigRate)+
+		"denies, and each grant keeps a limiter's state 3.6 s longer, so every limiter touched still holds its keys.",
+		"| limiter | decisions | keys in Redis | keys per limiter |\n|---|--:|--:|--:|")
+	for _, cs := range []struct {
+		name string
+		alg  algorithm
+		opts []redlimit.Option
 	}{
-		{"Funnel", funnel, int64(o.keys), nil},
-		{"FixedWindow", fixedWindow, 0, nil},
-		{"SlidingWindow", slidingWindow, 0, nil},
-		{"TokenBucket", tokenBucket, 0, nil},
-		{"Funnel, WithRetryWindow(15s)", funnel, 0, []redlimit.Option{redlimit.WithRetryWindow(15 * time.Second)}},
-	}
-	for _, cs := range cases {
+		{"Funnel", funnel, nil},
+		{"FixedWindow", fixedWindow, nil},
+		{"SlidingWindow", slidingWindow, nil},
+		{"TokenBucket", tokenBucket, nil},
+		{"Funnel, WithRetryWindow(15s)", funnel, []redlimit.Option{redlimit.WithRetryWindow(15 * time.Second)}},
+	} {
 		if err := e.admin.FlushAll(ctx).Err(); err != nil {
 			return err
 		}
-		decide, err := ours(cs.limiter, cs.alg, e.rdb, long, nil, cs.opts...).prepare(ctx, c.loadedLimiters)
+		decide, err := ours(cs.name, cs.alg, e.rdb, long, nil, cs.opts...).prepare(ctx, limiters)
 		if err != nil {
 			return err
 		}
-		s, err := run.run(ctx, decide, c.loadedCallers, c.loadedLimiters)
+		sm, err := run.run(ctx, decide, callers, limiters)
 		if err != nil {
 			return err
 		}
@@ -396,88 +251,62 @@ func (c *checks) runLoaded(ctx context.Context, e *env, l *load, o options) erro
 		if err != nil {
 			return err
 		}
-		c.loaded = append(c.loaded, loadedRow{limiter: cs.limiter, decisions: s.decisions, dbsize: n, target: cs.target})
+		s.row(cs.name, fmtRate(float64(sm.decisions)), fmtRate(float64(n)), float64(n)/float64(limiters))
+		if cs.name == "Funnel" {
+			figure := fmt.Sprintf("%s keys; %s limiters, %d callers, %s decisions", fmtRate(float64(n)), fmtRate(float64(limiters)), callers, fmtRate(float64(sm.decisions)))
+			rep.judge(targetKeysLoaded, judge("", figure, float64(n), float64(limiters), false))
+		}
 	}
 	return nil
 }
 
-// runScaling measures the token bucket's Redis time per Allow with logs of
-// 10, 1,000 and 100,000 records. Each log is written directly in Redisson's
-// layout (ZADD in chunks of 1,000, then the value key), which takes a second
-// where 100,000 Allow calls would take ten. Rate is records + 50 and the
-// interval an hour, so in each batch 50 grants succeed, 50 more are denied
-// with a full log, and Release(50) brings the log back to its size: the
-// figures are the medians over the batches, the three sizes taking turns.
-func (c *checks) runScaling(ctx context.Context, e *env) error {
+// runLogSize measures the token bucket's Redis time per Allow with logs of
+// 10, 1,000 and 100,000 records, granted through the auto-pipeliner. Rate is
+// records + 50 and the interval an hour, so in each batch 50 grants succeed,
+// 50 more are denied with a full log, and Release(50) brings the log back to
+// its size: the figures are the medians over the batches, the three sizes
+// taking turns.
+func runLogSize(ctx context.Context, e *env, rep *report) error {
 	const batch, batches = 50, 15
-	sizes := []int64{10, 1000, 100_000}
-	client := redlimit.New(e.rdb)
+	sizes := []int{10, 1000, 100_000}
 	limiters := make([]*redlimit.Limiter, len(sizes))
 	for i, n := range sizes {
-		name := fmt.Sprintf("%s:log%d", memoryName, n)
-		cfg := redlimit.Per(n+batch, time.Hour)
-		if err := fillLog(ctx, e.rdb, name, n, cfg.Rate); err != nil {
+		cfg, name := redlimit.Per(int64(n+batch), time.Hour), fmt.Sprintf("%s:log%d", memoryName, n)
+		limiters[i] = redlimit.New(e.rdb).TokenBucket(name).WithDefault(cfg)
+		filler := redlimit.New(e.ap).TokenBucket(name).WithDefault(cfg)
+		if err := parallel(ctx, 256, n, func(int) error { _, err := filler.Allow(ctx, 1); return err }); err != nil {
 			return err
 		}
-		limiters[i] = client.TokenBucket(name).WithDefault(cfg)
-		if r, err := limiters[i].Allow(ctx, 0); err != nil || r.Remaining != batch {
-			return fmt.Errorf("log of %d records: Remaining %d (%v), want %d: the layout written is not the script's", n, r.Remaining, err, batch)
-		}
 	}
-	grants := make([][]float64, len(sizes))
-	denials := make([][]float64, len(sizes))
-	timed := func(l *redlimit.Limiter, want bool) (float64, error) {
-		if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
-			return 0, err
-		}
-		for range batch {
-			if r, err := l.Allow(ctx, 1); err != nil || r.Allowed != want {
-				return 0, fmt.Errorf("allowed %v (%v), want %v", r.Allowed, err, want)
-			}
-		}
-		_, usec, err := evalshaStats(ctx, e.admin)
-		return usec, err
-	}
+	usecs := make([][2][]float64, len(sizes)) // grants, denials
 	for range batches {
 		for i, l := range limiters {
-			g, err := timed(l, true)
-			if err != nil {
-				return err
-			}
-			d, err := timed(l, false)
-			if err != nil {
-				return err
+			for _, granted := range []bool{true, false} {
+				if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
+					return err
+				}
+				for range batch {
+					if r, err := l.Allow(ctx, 1); err != nil || r.Allowed != granted {
+						return fmt.Errorf("%d records: allowed %v (%v), want %v", sizes[i], r.Allowed, err, granted)
+					}
+				}
+				_, usec, err := evalshaStats(ctx, e.admin)
+				if err != nil {
+					return err
+				}
+				usecs[i][b2u(!granted)] = append(usecs[i][b2u(!granted)], usec)
 			}
 			if err := l.Release(ctx, batch); err != nil {
 				return err
 			}
-			grants[i], denials[i] = append(grants[i], g), append(denials[i], d)
 		}
 	}
+	s := rep.section("Token bucket: Redis time against the size of its log",
+		"Interval 1h, Rate = records + 50. Then 15 batches, the sizes taking turns: 50 grants, 50 denials\n"+
+			"on the full log, Release(50); medians of the batches' Redis µs per call.",
+		"| records in the log | Redis µs per grant | Redis µs per denial |\n|--:|--:|--:|")
 	for i, n := range sizes {
-		c.scaling = append(c.scaling, scaleRow{records: n, usec: median(grants[i]), denyUsec: median(denials[i])})
+		s.row(fmtRate(float64(n)), median(usecs[i][0]), median(usecs[i][1]))
 	}
 	return nil
-}
-
-// fillLog writes a token bucket's log of n one-permit records granted now,
-// as the script writes them: member 0x10, a request id of 16 hex digits,
-// the count as a little-endian uint32; score the grant's Unix time in ms.
-// The value key caches rate − Σ counts.
-func fillLog(ctx context.Context, rdb *redis.Client, name string, n, rate int64) error {
-	permits, value := "{"+name+"}:permits", "{"+name+"}:value"
-	now := float64(time.Now().UnixMilli())
-	for from := int64(0); from < n; from += 1000 {
-		members := make([]redis.Z, 0, 1000)
-		for i := from; i < min(n, from+1000); i++ {
-			members = append(members, redis.Z{Score: now, Member: fmt.Sprintf("\x10%016x\x01\x00\x00\x00", i)})
-		}
-		if err := rdb.ZAdd(ctx, permits, members...).Err(); err != nil {
-			return err
-		}
-	}
-	if err := rdb.PExpire(ctx, permits, time.Hour).Err(); err != nil {
-		return err
-	}
-	return rdb.Set(ctx, value, rate-n, time.Hour).Err()
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
@@ -21,44 +23,54 @@ type contender struct {
 	// prepare makes the handles for keys keys and returns the decision; it
 	// runs before the measurement, on an empty database.
 	prepare func(ctx context.Context, keys int) (decideFunc, error)
+	samples []sample // one per round, in round order
 }
 
 // env is what contenders share: one go-redis client with default options,
-// the AutoPipeliner made from it, and a separate connection for admin
-// commands (FLUSHALL, INFO) so those never queue behind the load.
+// the AutoPipeliner made from it, and a client for admin commands.
 type env struct {
 	rdb   *redis.Client
 	ap    *redis.AutoPipeliner
 	admin *redis.Client
 }
 
-// trivial is the ceiling: the cheapest script there is, over the same client.
-const trivial = "return 1"
-
-var trivialSHA = redis.NewScript(trivial).Hash()
-
-func ceiling(name string, rdb redis.Scripter) contender {
-	return contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
-		if err := rdb.ScriptLoad(ctx, trivial).Err(); err != nil {
-			return nil, err
-		}
-		// One key per call, as a limiter sends; the slices are made here so
-		// that the loop measures go-redis alone.
+// evalsha is go-redis alone: EVALSHA of script with the keys keysOf names
+// (made beforehand, as a limiter makes its keys once) and args.
+func evalsha(name string, rdb redis.Scripter, script string, keysOf func(string) []string, args ...any) *contender {
+	sha := redis.NewScript(script).Hash()
+	return &contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
 		names := make([][]string, keys)
-		for i := range names {
-			names[i] = []string{fmt.Sprintf("bench:trivial:%d", i)}
+		for i, n := range keyNames("evalsha", keys) {
+			names[i] = keysOf(n)
 		}
 		return func(ctx context.Context, key int) (bool, error) {
-			return true, rdb.EvalSha(ctx, trivialSHA, names[key]).Err()
-		}, nil
+			return true, rdb.EvalSha(ctx, sha, names[key], args...).Err()
+		}, rdb.ScriptLoad(ctx, script).Err()
 	}}
+}
+
+// ceiling is the cheapest script there is, with one key, over the same client.
+func ceiling(name string, rdb redis.Scripter) *contender {
+	return evalsha(name, rdb, "return 1", func(n string) []string { return []string{n} })
+}
+
+// shaped has the wire shape of a funnel's Allow with a default config: 4
+// keys, 13 arguments of the same types (boxed once, here), a reply of 5
+// integers: what go-redis costs for that, before the library does anything.
+func shaped(rdb redis.Scripter) *contender {
+	return evalsha("go-redis EvalSha, a funnel's wire shape (4 keys, 13 args, 5-integer reply)", rdb,
+		"return {1, 1000000, 999999, 0, 1000000}",
+		func(n string) []string {
+			return []string{n, "{" + n + "}:clients", "{" + n + "}:requests", "{" + n + "}:tat:0123456789abcdef"}
+		},
+		"allow", "", int64(1), "0123456789abcdef", "", "", "default", int64(bigRate), int64(1000), int64(0), int64(0), int64(0), int64(0))
 }
 
 // peer is github.com/go-redis/redis_rate/v10, a GCRA in one script like our
 // funnel: limit per second, burst = limit.
-func peer(name string, rdb *redis.Client, perSecond int) contender {
+func peer(rdb *redis.Client, perSecond int) *contender {
 	limit := redis_rate.PerSecond(perSecond)
-	return contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
+	return &contender{name: "redis_rate", prepare: func(ctx context.Context, keys int) (decideFunc, error) {
 		limiter := redis_rate.NewLimiter(rdb)
 		names := keyNames("redis_rate", keys)
 		return func(ctx context.Context, key int) (bool, error) {
@@ -70,9 +82,8 @@ func peer(name string, rdb *redis.Client, perSecond int) contender {
 
 // algorithm names a redlimit algorithm and how to get its limiter.
 type algorithm struct {
-	name  string
-	short string
-	new   func(c *redlimit.Client, name string) *redlimit.Limiter
+	name, short string
+	new         func(c *redlimit.Client, name string) *redlimit.Limiter
 }
 
 var (
@@ -88,22 +99,20 @@ var (
 // with storeVia set, cfg is instead stored with SetRate through that client
 // before the measurement (the auto-pipeliner: 10,000 SetRate calls take a
 // while one at a time) and the handles have no default.
-func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, storeVia redis.Scripter, opts ...redlimit.Option) contender {
-	return contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
+func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, storeVia redis.Scripter, opts ...redlimit.Option) *contender {
+	return &contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
 		// A new Client each slice: a local deny cache must not carry
 		// denials over from a database since flushed.
 		client := redlimit.New(rdb, opts...)
 		names := keyNames(alg.short, keys)
 		limiters := make([]*redlimit.Limiter, keys)
 		for i, n := range names {
-			limiters[i] = alg.new(client, n)
-			if storeVia == nil {
-				limiters[i] = limiters[i].WithDefault(cfg)
-			}
+			limiters[i] = alg.new(client, n).WithDefault(cfg)
 		}
 		if storeVia != nil {
 			setter := redlimit.New(storeVia)
 			err := parallel(ctx, 256, keys, func(i int) error {
+				limiters[i] = alg.new(client, names[i])
 				return alg.new(setter, names[i]).SetRate(ctx, cfg)
 			})
 			if err != nil {
@@ -117,6 +126,15 @@ func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, s
 	}}
 }
 
+// everyAlgorithm is ours for each algorithm, its name followed by suffix.
+func everyAlgorithm(suffix string, rdb redis.Scripter, cfg redlimit.Config, storeVia redis.Scripter, opts ...redlimit.Option) []*contender {
+	var out []*contender
+	for _, alg := range algorithms {
+		out = append(out, ours(alg.name+suffix, alg, rdb, cfg, storeVia, opts...))
+	}
+	return out
+}
+
 func keyNames(kind string, keys int) []string {
 	names := make([]string, keys)
 	for i := range names {
@@ -125,33 +143,18 @@ func keyNames(kind string, keys int) []string {
 	return names
 }
 
-// parallel runs do(0..n-1) on workers goroutines and returns the first error.
+// parallel runs do(0..n-1) on workers goroutines; each stops at its first error.
 func parallel(ctx context.Context, workers, n int, do func(i int) error) error {
-	var (
-		mu    sync.Mutex
-		next  int
-		first error
-		wg    sync.WaitGroup
-	)
-	for range min(workers, n) {
+	var next atomic.Int64
+	errs := make([]error, min(workers, n))
+	var wg sync.WaitGroup
+	for w := range errs {
 		wg.Go(func() {
-			for {
-				mu.Lock()
-				i := next
-				next++
-				stop := i >= n || first != nil || ctx.Err() != nil
-				mu.Unlock()
-				if stop {
-					return
-				}
-				if err := do(i); err != nil {
-					mu.Lock()
-					first = cmp.Or(first, err)
-					mu.Unlock()
-				}
+			for i := int(next.Add(1) - 1); i < n && errs[w] == nil && ctx.Err() == nil; i = int(next.Add(1) - 1) {
+				errs[w] = do(i)
 			}
 		})
 	}
 	wg.Wait()
-	return cmp.Or(first, ctx.Err())
+	return cmp.Or(errors.Join(errs...), ctx.Err())
 }

@@ -2,49 +2,50 @@ package main
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
+// tally counts decisions.
+type tally struct {
+	decisions, allowed, errors uint64
+	firstErr                   error
+}
+
+func (t *tally) add(o tally) {
+	t.decisions, t.allowed, t.errors = t.decisions+o.decisions, t.allowed+o.allowed, t.errors+o.errors
+	if t.firstErr == nil {
+		t.firstErr = o.firstErr
+	}
+}
+
 // sample is one contender's measured slice of one round.
 type sample struct {
-	decisions uint64  // completed while measuring
-	allowed   uint64  // of those, granted
-	rate      float64 // decisions per second
-	usec      float64 // Redis µs per EVALSHA (INFO commandstats)
-	calls     int64   // EVALSHA calls Redis ran while measuring
-	allocs    float64 // Go heap allocations per decision, whole process
-	p50, p99  time.Duration
-	errors    uint64
-	firstErr  error
+	tally            // completed while measuring
+	rate     float64 // decisions per second
+	usec     float64 // Redis µs per EVALSHA (INFO commandstats)
+	calls    int64   // EVALSHA calls Redis ran while measuring
+	allocs   float64 // Go heap allocations per decision, whole process
+	p50, p99 time.Duration
 }
 
-// caller is one goroutine's tally. Each has its own, so recording needs no
+// caller is one goroutine's record. Each has its own, so recording needs no
 // lock and no allocation.
 type caller struct {
-	hist      histogram
-	decisions uint64
-	allowed   uint64
-	errors    uint64
-	firstErr  error
+	tally
+	hist histogram
 }
-
-// Phases of a slice: callers only record while measuring.
-const (
-	warming int32 = iota
-	measuring
-	stopped
-)
 
 // load drives a contender with concurrent callers.
 type load struct {
-	env      *env
-	callers  []caller // reused across slices: 15 KiB each
-	warmup   time.Duration
-	duration time.Duration
+	env              *env
+	callers          []caller // reused across slices: 16 KiB each
+	warmup, duration time.Duration
 }
 
 // run calls decide from n callers on random keys among keys: a warm-up
@@ -57,97 +58,118 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int) (sample,
 	}
 	callers := l.callers[:n]
 	clear(callers)
-	var phase atomic.Int32
+	var measuring, stopped atomic.Bool
 	var wg sync.WaitGroup
 	// A clean heap for each slice, so one contender's garbage is not
 	// collected on the next one's time.
 	runtime.GC()
-
-	var s sample
 	for i := range callers {
 		c := &callers[i]
 		wg.Go(func() {
-			for {
-				p := phase.Load()
-				if p == stopped {
-					return
-				}
-				key := 0
-				if keys > 1 {
-					key = rand.IntN(keys)
-				}
+			for !stopped.Load() {
 				t0 := time.Now()
-				ok, err := decide(ctx, key)
+				ok, err := decide(ctx, rand.IntN(keys))
 				d := time.Since(t0)
-				if phase.Load() != measuring {
+				if !measuring.Load() {
 					continue
 				}
-				c.decisions++
-				if ok {
-					c.allowed++
-				}
 				c.hist.record(d)
-				if err != nil {
-					c.errors++
-					if c.firstErr == nil {
-						c.firstErr = err
-					}
-				}
+				c.add(tally{decisions: 1, allowed: b2u(ok), errors: b2u(err != nil), firstErr: err})
 			}
 		})
 	}
+	defer wg.Wait()
+	defer stopped.Store(true)
 
-	stop := func() { phase.Store(stopped); wg.Wait() }
-	if !sleep(ctx, l.warmup) {
-		stop()
-		return s, ctx.Err()
+	var s sample
+	if err := sleep(ctx, l.warmup); err != nil {
+		return s, err
 	}
 	if err := l.env.admin.ConfigResetStat(ctx).Err(); err != nil {
-		stop()
 		return s, err
 	}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	t0 := time.Now()
-	phase.Store(measuring)
-	ok := sleep(ctx, l.duration)
-	phase.Store(stopped)
+	measuring.Store(true)
+	err := sleep(ctx, l.duration)
+	measuring.Store(false)
 	elapsed := time.Since(t0)
 	runtime.ReadMemStats(&after)
-	calls, usec, statErr := evalshaStats(ctx, l.env.admin)
-	wg.Wait()
-	if !ok {
-		return s, ctx.Err()
+	if err != nil {
+		return s, err
 	}
-
+	if s.calls, s.usec, err = evalshaStats(ctx, l.env.admin); err != nil {
+		return s, err
+	}
+	stopped.Store(true)
+	wg.Wait() // the callers' last decisions do not count, but their tallies must settle
 	var hist histogram
 	for i := range callers {
-		c := &callers[i]
-		s.decisions += c.decisions
-		s.allowed += c.allowed
-		s.errors += c.errors
-		if s.firstErr == nil {
-			s.firstErr = c.firstErr
-		}
-		hist.merge(&c.hist)
+		s.add(callers[i].tally)
+		hist.merge(&callers[i].hist)
 	}
 	s.rate = float64(s.decisions) / elapsed.Seconds()
-	if s.decisions > 0 {
-		s.allocs = float64(after.Mallocs-before.Mallocs) / float64(s.decisions)
-	}
+	s.allocs = float64(after.Mallocs-before.Mallocs) / float64(max(s.decisions, 1))
 	s.p50, s.p99 = hist.percentile(0.50), hist.percentile(0.99)
-	s.calls, s.usec = calls, usec
-	return s, statErr
+	return s, nil
 }
 
-// sleep waits d or until ctx ends, and reports whether it waited d.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
+func b2u(b bool) uint64 {
+	if b {
+		return 1
 	}
+	return 0
+}
+
+// sleep waits d, or returns ctx's error if it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// histogram counts latencies in buckets 2^(1/32) apart, so a recorded one
+// is known to within about 1%. Recording is an array increment: it never
+// allocates, so it does not disturb the allocation count being measured.
+type histogram [64 * 32]uint64
+
+func (h *histogram) record(d time.Duration) { h[int(32*math.Log2(float64(max(d, 1))))]++ }
+
+func (h *histogram) merge(o *histogram) {
+	for i, n := range o {
+		h[i] += n
+	}
+}
+
+// percentile returns the latency below which a fraction p (0..1] of the
+// recorded ones lie; 0 when nothing was recorded.
+func (h *histogram) percentile(p float64) time.Duration {
+	var total, seen uint64
+	for _, n := range h {
+		total += n
+	}
+	for i, n := range h {
+		if seen += n; n > 0 && float64(seen) >= p*float64(total) {
+			return time.Duration(math.Exp2((float64(i) + 0.5) / 32))
+		}
+	}
+	return 0
+}
+
+// median returns the middle of xs (the mean of the two middle ones for an
+// even count), or 0 for none. xs is not modified.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	m := len(s) / 2
+	if len(s)%2 == 1 {
+		return s[m]
+	}
+	return (s[m-1] + s[m]) / 2
 }
