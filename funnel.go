@@ -36,11 +36,12 @@ func (c *Client) Throttle(ctx context.Context, key string, maxBurst, count int64
 	if maxBurst < 0 {
 		return ThrottleResult{}, fmt.Errorf("%w: max burst %d is negative", ErrInvalidConfig, maxBurst)
 	}
+	l := c.Funnel(key)
 	cfg := Config{Rate: count, Interval: period, Burst: maxBurst + 1}
-	if err := cfg.validate(); err != nil {
+	if err := l.Validate(cfg); err != nil {
 		return ThrottleResult{}, err
 	}
-	r, err := c.Funnel(key).decide(ctx, request{op: opAllow, n: quantity, source: sourceFixed, config: cfg.args()})
+	r, err := l.withConfig(sourceFixed, cfg).Allow(ctx, quantity)
 	if err != nil {
 		return ThrottleResult{}, err
 	}

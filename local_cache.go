@@ -60,22 +60,6 @@ func splitDenialKey(key string) (limiter, decision string) {
 	return key[:at], key[at+1:]
 }
 
-// denialKeyFor returns where req's denial is cached: the handle's own key,
-// or for a request carrying its own config (Throttle) a key for that config.
-func (l *Limiter) denialKeyFor(req request) string {
-	if req.config == nil {
-		return l.denialKey
-	}
-	limiter, _ := splitDenialKey(l.denialKey)
-	return denialKey(limiter, req.source, req.config)
-}
-
-// withDefaultDenialKey is l's key once its handle has the default config.
-func (l *Limiter) withDefaultDenialKey(config []any) string {
-	limiter, _ := splitDenialKey(l.denialKey)
-	return denialKey(limiter, sourceDefault, config)
-}
-
 // sweepEvery bounds the memory of limiters that stop being asked: every so
 // many stores, expired denials are dropped.
 const sweepEvery = 1024

@@ -1,0 +1,195 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// The road from every Limiter method to Redis: a request, its keys and
+// arguments in the order scripts/common.lua names them, and the reply.
+
+// decide runs an allow request, through the local cache when there is one,
+// and tells the observer.
+func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
+	c := l.client
+	start := time.Now()
+	var r Result
+	var err error
+	cached := false
+	if c.denials != nil && permits > 0 && l.err == nil {
+		r, cached = c.denials.lookup(l.denialKey, permits, c.clock())
+	}
+	if !cached {
+		var reply any
+		if reply, err = l.eval(ctx, request{op: opAllow, permits: permits}); err == nil {
+			r, err = parseResult(reply)
+		}
+		if err == nil && c.denials != nil && permits > 0 {
+			c.denials.store(l.denialKey, permits, r, c.clock())
+		}
+	}
+	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable)
+	if failOpen {
+		r = Result{Allowed: true}
+	}
+	if c.observe != nil {
+		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.name, Permits: permits, Result: r, Err: err, Latency: time.Since(start), Cached: cached})
+	}
+	if failOpen {
+		return r, nil
+	}
+	return r, err
+}
+
+// forgetDenial drops this Client's cached denial after a local change that
+// may free permits sooner than the denial said.
+func (l *Limiter) forgetDenial() {
+	if l.client.denials != nil && l.err == nil {
+		l.client.denials.forget(l.denialKey)
+	}
+}
+
+// request is one script call; the config it gives the scripts is its
+// handle's (Limiter.source, Limiter.config).
+type request struct {
+	op      any      // one of the ops below
+	permits int64    // allow, release
+	ms      int64    // expire: the TTL
+	clients []string // other clients whose keys the op must reach
+}
+
+// The scripts' ops and config sources, boxed once: converting a string to
+// an interface on every call would allocate.
+var (
+	opAllow, opRelease, opGet, opSet, opTrySet    any = "allow", "release", "get", "set", "tryset"
+	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
+	opClients                                     any = "clients"
+
+	sourceNone, sourceDefault, sourceNew, sourceFixed any = "", "default", "new", "fixed"
+
+	noArg    any = ""
+	noConfig     = []any{noArg, noArg, noArg, noArg, noArg, noArg}
+)
+
+// eval runs the limiter's script once: the one road from every method to
+// Redis. Its keys and arguments are in the order scripts/common.lua names.
+func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redlimit: %w", err)
+	}
+	c := l.client
+	now := noArg
+	if c.now != nil {
+		now = c.now().UnixMicro()
+	}
+	// A request ID names the token bucket's record, and the request log's
+	// entry; only grants and releases need one.
+	id := noArg
+	counts := req.op == opAllow && req.permits > 0
+	if req.op == opRelease || counts && (l.alg.records || c.retryWindow > 0) {
+		id = randomHex(8)
+	}
+	n := req.permits
+	if req.op == opExpire {
+		n = req.ms
+	}
+	keys := l.keys
+	args := make([]any, 0, 13+len(req.clients))
+	args = append(args, req.op, now, n, l.clientID, id, c.retryWindowArg, l.source)
+	args = append(args, l.config...)
+	if len(req.clients) > 0 {
+		keys = slices.Clone(keys)
+		for _, other := range req.clients {
+			keys = append(keys, l.stateKeys(other)...)
+			args = append(args, other)
+		}
+	}
+	return c.run(ctx, l.alg.script, keys, args...)
+}
+
+// everyClient runs an op that must reach every client's keys. The script
+// checks the list against its registry of clients and names any missing, so
+// the op is sent again with them (clients appear between calls only rarely).
+func (l *Limiter) everyClient(ctx context.Context, req request) (bool, error) {
+	for range 10 {
+		reply, err := l.eval(ctx, req)
+		if err != nil {
+			return false, err
+		}
+		if missing, ok := missingClients(reply); ok {
+			req.clients = append(req.clients, missing...)
+			continue
+		}
+		n, ok := reply.(int64)
+		if !ok {
+			return false, unexpected(reply)
+		}
+		return n == 1, nil
+	}
+	return false, fmt.Errorf("redlimit: %v %s: clients kept appearing", req.op, l.name)
+}
+
+func missingClients(reply any) ([]string, bool) {
+	v, ok := reply.([]any)
+	if !ok || len(v) != 2 || v[0] != "missing" {
+		return nil, false
+	}
+	ids, ok := v[1].([]any)
+	if !ok {
+		return nil, false
+	}
+	missing := make([]string, 0, len(ids))
+	for _, id := range ids {
+		s, ok := id.(string)
+		if !ok {
+			return nil, false
+		}
+		missing = append(missing, s)
+	}
+	return missing, true
+}
+
+func parseResult(reply any) (Result, error) {
+	v, ok := reply.([]any)
+	var n [6]int64
+	if !ok || len(v) != len(n) || !integers(v, n[:]) {
+		return Result{}, unexpected(reply)
+	}
+	return Result{
+		Allowed:    n[0] == 1,
+		Limit:      n[1],
+		Remaining:  n[2],
+		RetryAfter: micros(n[3]),
+		ResetAfter: micros(n[4]),
+		Window:     time.Duration(n[5]) * time.Millisecond,
+	}, nil
+}
+
+// integers copies v into n, reporting whether every element was an integer.
+func integers(v []any, n []int64) bool {
+	for i := range n {
+		x, ok := v[i].(int64)
+		if !ok {
+			return false
+		}
+		n[i] = x
+	}
+	return true
+}
+
+func micros(us int64) time.Duration {
+	if us < 0 {
+		return Never
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+func unexpected(reply any) error {
+	return fmt.Errorf("%w: %T %v", ErrUnexpectedReply, reply, reply)
+}
