@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -227,6 +231,7 @@ func TestGetWritesNothing(t *testing.T) {
 						}
 						rep := s.get(t, prefix, "api")
 						s.must(t, prefix, "get", "api")
+						text := s.must(t, prefix, "get", append([]string{"api"}, assume...)...)
 						assumed := s.get(t, prefix, "api", assume...)
 						s.must(t, prefix, "ls")
 						s.ls(t, prefix)
@@ -255,6 +260,11 @@ func TestGetWritesNothing(t *testing.T) {
 						want := []limitUsage{{Client: "alice", Limit: 10, Remaining: 7}, {Client: "bob", Limit: 10, Remaining: 8}}
 						if assumed.Usage != nil || len(assumed.Clients) != 2 {
 							t.Fatalf("usage %+v, clients %+v", assumed.Usage, assumed.Clients)
+						}
+						for _, line := range []string{"2 clients (PerClient):", "  alice  7 of 10; a permit is free now; full again in", "  bob    8 of 10; a permit is free now"} {
+							if !strings.Contains(text, line) {
+								t.Errorf("get lacks %q:\n%s", line, text)
+							}
 						}
 						for i, c := range assumed.Clients {
 							if c.Client != want[i].Client || c.Limit != want[i].Limit || c.Remaining != want[i].Remaining || c.ResetAfterMS <= 0 {
@@ -548,4 +558,140 @@ func TestAdminOnSentinel(t *testing.T) {
 		t.Errorf("ls: %+v", got)
 	}
 	s.must(t, prefix, "delete", "--yes", "api")
+}
+
+// TestLsMillionKeys: ls over many limiters, on a server of its own,
+// answers every one; never calls KEYS; SCANs with COUNT, each call short;
+// streams (its first line comes out while most of the keyspace is still to
+// scan) and holds one batch in memory, not every name. 200,000 keys by
+// default, to spare shared CI cores; REDLIMIT_LS_KEYS=1000000 for the
+// million the issue names.
+func TestLsMillionKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a redis-server with hashes")
+	}
+	n := 200_000
+	if s := os.Getenv("REDLIMIT_LS_KEYS"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 10_000 {
+			t.Fatalf("REDLIMIT_LS_KEYS=%q: want a number of at least 10000", s)
+		}
+	}
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	start := time.Now()
+	// Names of about 100 bytes: held all at once, n of them would weigh
+	// n × (100 + a 16-byte header), over 23 MB at 200,000.
+	fill := redis.NewScript(`for i = ARGV[1], ARGV[2] do
+  redis.call('HSET', 'm:{' .. string.rep('n', 90) .. i .. '}', 'rate', '10', 'interval', '60000')
+end
+return 1`)
+	for from := 1; from <= n; from += 50_000 {
+		if err := fill.Run(ctx, rdb, nil, from, min(from+50_000-1, n)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d hashes written in %v", n, time.Since(start).Round(time.Millisecond))
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapAlloc
+	out := &lineCounter{firstLine: func() {
+		// The SCANs so far, when the first line comes out.
+		c := scanCalls(t, rdb)
+		scansAtFirstLine = &c
+	}}
+	var peak uint64
+	done, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				// What ls holds, not the garbage it leaves for the
+				// collector: that grows with what earlier tests left live.
+				runtime.GC()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				peak = max(peak, ms.HeapAlloc)
+			}
+		}
+	}()
+	scansAtFirstLine = nil
+	start = time.Now()
+	var errOut strings.Builder
+	code := run(ctx, []string{"ls", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, out, &errOut)
+	close(done)
+	<-sampled
+	elapsed := time.Since(start)
+	if code != exitOK || out.n != n {
+		t.Fatalf("exit %d, %d lines, want %d: %s", code, out.n, n, errOut.String())
+	}
+	grew := int64(peak) - int64(base)
+	t.Logf("ls: %d limiters in %v; live heap peaked %.1f MB above its start", n, elapsed.Round(time.Millisecond), float64(grew)/(1<<20))
+	if grew > 16<<20 {
+		t.Errorf("heap grew by %d MB listing the limiters: it should hold one batch", grew>>20)
+	}
+
+	stats := rdb.Info(ctx, "commandstats").Val()
+	if strings.Contains(stats, "cmdstat_keys:") {
+		t.Errorf("ls called KEYS:\n%s", stats)
+	}
+	scans := scanCalls(t, rdb)
+	if scans < n/2000 {
+		t.Errorf("%d SCAN calls for %d keys: want about one per thousand", scans, n)
+	}
+	if scansAtFirstLine == nil || *scansAtFirstLine > scans/10 {
+		t.Errorf("the first line came after %v of %d SCAN calls: ls should print as it scans", scansAtFirstLine, scans)
+	}
+	// Time in Redis per call, averaged: what ls costs other clients. A
+	// KEYS takes them all in one call: hundreds of milliseconds at a million.
+	// (SLOWLOG, per call, also counts the moments a busy machine takes the
+	// CPU from Redis.)
+	for _, cmd := range []string{"scan", "hmget"} {
+		m := regexp.MustCompile(`cmdstat_` + cmd + `:calls=\d+,usec=\d+,usec_per_call=([\d.]+)`).FindStringSubmatch(stats)
+		if m == nil {
+			t.Fatalf("no %s in commandstats:\n%s", cmd, stats)
+		}
+		if us, _ := strconv.ParseFloat(m[1], 64); us > 20_000 {
+			t.Errorf("%s: %.0fµs per call", cmd, us)
+		} else {
+			t.Logf("%s: %.0fµs per call in Redis", cmd, us)
+		}
+	}
+}
+
+// scansAtFirstLine is how many SCANs Redis had answered when ls wrote its first line.
+var scansAtFirstLine *int
+
+func scanCalls(t *testing.T, rdb *redis.Client) int {
+	m := regexp.MustCompile(`cmdstat_scan:calls=(\d+)`).FindStringSubmatch(rdb.Info(context.Background(), "commandstats").Val())
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// lineCounter counts the lines written to it, and keeps none.
+type lineCounter struct {
+	n         int
+	firstLine func()
+}
+
+func (c *lineCounter) Write(p []byte) (int, error) {
+	if c.n == 0 && c.firstLine != nil {
+		c.firstLine()
+	}
+	c.n += bytes.Count(p, []byte{'\n'})
+	return len(p), nil
 }

@@ -211,11 +211,21 @@ func (a *admin) nameOf(key string) (string, bool) {
 	}
 	// prefix{name} names name; a name that holds a tag keeps it as it is.
 	if inner, ok := strings.CutPrefix(rest, "{"); ok && strings.HasSuffix(inner, "}") {
-		if name := inner[:len(inner)-1]; a.client.TokenBucket(name).Name() == key {
+		if name := inner[:len(inner)-1]; fullName(a.prefix, name) == key {
 			return name, true
 		}
 	}
-	return rest, a.client.TokenBucket(rest).Name() == key
+	return rest, fullName(a.prefix, rest) == key
+}
+
+// fullName is the key of a limiter's hash, as Limiter.Name returns it (the
+// README's "Keys in Redis"; TestLs checks the two agree), without making a
+// handle per key SCAN returns.
+func fullName(prefix, name string) string {
+	if prefix == "" || strings.Contains(prefix, "{") || strings.Contains(name, "{") {
+		return prefix + name
+	}
+	return prefix + "{" + name + "}"
 }
 
 // suffixes are the words a limiter's other keys add after its name
