@@ -25,7 +25,7 @@ func TestBadInputTable(t *testing.T) {
 		type breaker func(l *Limiter)
 		hset := func(fields ...any) breaker {
 			return func(l *Limiter) {
-				if a.name != "tokenbucket" {
+				if a.namesItself {
 					fields = append(fields, "algorithm", a.name)
 				}
 				rdb.Del(ctx, l.Name())
@@ -98,38 +98,16 @@ func TestBadInputTable(t *testing.T) {
 			{"SetRate over state of the wrong type", clientState, setRate(Per(20, time.Second)), ErrCorruptState},
 			{"garbage state", state("garbage"), allow(1), ErrCorruptState},
 			{"another algorithm's config", func(l *Limiter) {
-				other := "funnel"
-				if a.name == "funnel" {
-					other = "fixed_window"
-				}
-				rdb.HSet(ctx, l.Name(), "algorithm", other)
+				rdb.HSet(ctx, l.Name(), "algorithm", otherThan(a).name)
 			}, allow(1), ErrAlgorithmMismatch},
 		}
-		switch a.name {
-		case "tokenbucket":
-			cases = append(cases,
-				struct {
-					what    string
-					corrupt breaker
-					call    func(*Limiter) error
-					want    error
-				}{"a record too short to hold a count (read as it ages out)", func(l *Limiter) {
-					rdb.ZAdd(ctx, l.keys[4], redis.Z{Score: float64(epoch.Add(-time.Minute).UnixMilli()), Member: "ab"})
-				}, allow(1), ErrCorruptState})
-		case "fixed_window":
+		for _, c := range a.corruptions(rdb) {
 			cases = append(cases, struct {
 				what    string
 				corrupt breaker
 				call    func(*Limiter) error
 				want    error
-			}{"half a window", func(l *Limiter) { rdb.HDel(ctx, l.Name(), "count") }, allow(1), ErrCorruptState})
-		case "sliding_window":
-			cases = append(cases, struct {
-				what    string
-				corrupt breaker
-				call    func(*Limiter) error
-				want    error
-			}{"a sub-window that is not a number", func(l *Limiter) { rdb.HSet(ctx, l.Name(), "counts", "x:1") }, allow(1), ErrCorruptState})
+			}{c.what, c.apply, allow(1), ErrCorruptState})
 		}
 		require.GreaterOrEqual(t, len(cases), 30)
 		for _, c := range cases {

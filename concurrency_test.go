@@ -44,7 +44,6 @@ package redlimit
 // dozens of callers race for a few permits.
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -55,7 +54,6 @@ import (
 	"os/exec"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -80,16 +78,7 @@ const (
 // concConfig binds hard: 20 permits a second per limiter, when the children
 // ask each one 500 to 1500 times a second, and still 25 when this machine
 // (-race, two cores that other test runs share) is at its slowest.
-func concConfig(algorithm string) Config {
-	cfg := Per(10, 500*time.Millisecond)
-	switch algorithm {
-	case "funnel":
-		cfg.Burst = 5
-	case "sliding_window":
-		cfg.Buckets = 10
-	}
-	return cfg
-}
+func concConfig(a algo) Config { return a.tune(Per(10, 500*time.Millisecond), 5, 10) }
 
 // childSpec tells a child what to hammer, where and when.
 type childSpec struct {
@@ -104,11 +93,11 @@ type childSpec struct {
 
 // decision is one answer of a limiter, as a child reports it.
 type decision struct {
-	limiter int
-	allowed bool
-	before  int64 // Redis TIME just before the script, µs
-	after   int64 // Redis TIME just after it
-	reset   int64 // Result.ResetAfter, µs
+	Limiter int   `json:"l"`
+	Allowed bool  `json:"a"`
+	Before  int64 `json:"b"` // Redis TIME just before the script, µs
+	After   int64 `json:"f"` // Redis TIME just after it
+	Reset   int64 `json:"r"` // Result.ResetAfter, µs
 }
 
 // stamp receives the TIME bracket of the EVALSHA run under its context.
@@ -157,20 +146,8 @@ func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func algorithmNamed(name string) (algo, bool) {
-	for _, a := range algorithms {
-		if a.name == name {
-			return a, true
-		}
-	}
-	return algo{}, false
-}
-
 // TestConcurrencyChild is a child process of TestExactnessUnderConcurrency.
-// It prints one line per decision, "decision LIMITER ALLOWED BEFORE AFTER
-// RESET", then "errors N", "error TEXT" for the first few, and how it went in
-// µs: "slowest" call, how "late" it was ready (negative: early), and the
-// "tail" of calls still in flight at the stop.
+// It prints its childReport as JSON.
 func TestConcurrencyChild(t *testing.T) {
 	raw := os.Getenv(concChildEnv)
 	if raw == "" {
@@ -178,16 +155,16 @@ func TestConcurrencyChild(t *testing.T) {
 	}
 	var spec childSpec
 	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
-	out := bufio.NewWriter(os.Stdout)
-	require.NoError(t, runChild(spec, out))
-	require.NoError(t, out.Flush())
+	report, err := runChild(spec)
+	require.NoError(t, err)
+	require.NoError(t, json.NewEncoder(os.Stdout).Encode(report))
 }
 
-func runChild(spec childSpec, out *bufio.Writer) error {
+func runChild(spec childSpec) (*childReport, error) {
 	ctx := context.Background()
 	a, ok := algorithmNamed(spec.Algorithm)
 	if !ok {
-		return fmt.Errorf("unknown algorithm %q", spec.Algorithm)
+		return nil, fmt.Errorf("unknown algorithm %q", spec.Algorithm)
 	}
 	// No retries and no timeouts to speak of: a re-sent script is counted
 	// once (TestFaultStall proves it) but reports its first run's grant with
@@ -215,7 +192,7 @@ func runChild(spec childSpec, out *bufio.Writer) error {
 		limiters[i] = a.new(client, name)
 		// A peek (it writes nothing) loads the script and the cluster slots.
 		if _, err := limiters[i].Allow(ctx, 0); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	late := -time.Until(time.UnixMicro(spec.Start))
@@ -250,71 +227,49 @@ func runChild(spec childSpec, out *bufio.Writer) error {
 	wg.Wait()
 	tail := time.Since(time.UnixMicro(spec.Stop))
 
-	var errs []error
-	var slowest time.Duration
+	report := &childReport{Late: late, Tail: tail}
 	for _, tl := range tallies {
-		for _, d := range tl.decisions {
-			allowed := 0
-			if d.allowed {
-				allowed = 1
+		report.Decisions = append(report.Decisions, tl.decisions...)
+		for _, err := range tl.errs {
+			if report.Errors++; len(report.First) < 5 {
+				report.First = append(report.First, err.Error())
 			}
-			fmt.Fprintf(out, "decision %d %d %d %d %d\n", d.limiter, allowed, d.before, d.after, d.reset)
 		}
-		errs = append(errs, tl.errs...)
-		slowest = max(slowest, tl.slowest)
+		report.Slowest = max(report.Slowest, tl.slowest)
 	}
-	fmt.Fprintf(out, "errors %d\n", len(errs))
-	for _, err := range errs[:min(len(errs), 5)] {
-		fmt.Fprintf(out, "error %q\n", err.Error())
-	}
-	fmt.Fprintf(out, "slowest %d\n", slowest.Microseconds())
-	fmt.Fprintf(out, "late %d\n", late.Microseconds())
-	fmt.Fprintf(out, "tail %d\n", tail.Microseconds())
-	return nil
+	return report, nil
 }
 
-// childReport is what the children said, together.
+// childReport is what a child says of its run, and what the children said
+// together.
 type childReport struct {
-	decisions [][]decision // per limiter
-	errors    int
-	first     []string      // the first errors' texts
-	slowest   time.Duration // the longest call
-	late      time.Duration // the latest start past Start (negative: early)
-	tail      time.Duration // how long past Stop the calls in flight took
+	Decisions []decision
+	Errors    int
+	First     []string      // the first errors' texts
+	Slowest   time.Duration // the longest call
+	Late      time.Duration // the latest start past Start (negative: early)
+	Tail      time.Duration // how long past Stop the calls in flight took
 }
 
-func (r *childReport) parse(text string) error {
-	for _, line := range strings.Split(text, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || f[0] == "error" {
-			if len(f) > 0 {
-				r.first = append(r.first, line)
-			}
-			continue
-		}
-		n := make([]int64, len(f)-1)
-		for i, s := range f[1:] {
-			var err error
-			if n[i], err = strconv.ParseInt(s, 10, 64); err != nil {
-				return fmt.Errorf("line %q: %w", line, err)
-			}
-		}
-		switch {
-		case f[0] == "decision" && len(n) == 5 && n[0] >= 0 && int(n[0]) < len(r.decisions):
-			r.decisions[n[0]] = append(r.decisions[n[0]], decision{int(n[0]), n[1] == 1, n[2], n[3], n[4]})
-		case f[0] == "errors" && len(n) == 1:
-			r.errors += int(n[0])
-		case f[0] == "slowest" && len(n) == 1:
-			r.slowest = max(r.slowest, time.Duration(n[0])*time.Microsecond)
-		case f[0] == "late" && len(n) == 1:
-			r.late = max(r.late, time.Duration(n[0])*time.Microsecond)
-		case f[0] == "tail" && len(n) == 1:
-			r.tail = max(r.tail, time.Duration(n[0])*time.Microsecond)
-		default:
-			return fmt.Errorf("unexpected line %q", line)
+// add merges a child's report into r.
+func (r *childReport) add(child childReport) {
+	r.Decisions = append(r.Decisions, child.Decisions...)
+	r.Errors += child.Errors
+	r.First = append(r.First, child.First...)
+	r.Slowest = max(r.Slowest, child.Slowest)
+	r.Late = max(r.Late, child.Late)
+	r.Tail = max(r.Tail, child.Tail)
+}
+
+// of returns the decisions of limiter i.
+func (r *childReport) of(i int) []decision {
+	var out []decision
+	for _, d := range r.Decisions {
+		if d.Limiter == i {
+			out = append(out, d)
 		}
 	}
-	return nil
+	return out
 }
 
 func TestExactnessUnderConcurrency(t *testing.T) {
@@ -341,7 +296,7 @@ func TestExactnessUnderConcurrency(t *testing.T) {
 			addrs, rdb, tags := b.setup(t)
 			for _, a := range algorithms {
 				t.Run(a.name, func(t *testing.T) {
-					cfg := concConfig(a.name)
+					cfg := concConfig(a)
 					// A run proves something only if demand exceeded the limit:
 					// each limiter denied at least as often as it granted. It
 					// does by far, unless this machine stalls for seconds
@@ -360,12 +315,12 @@ func TestExactnessUnderConcurrency(t *testing.T) {
 						}
 						began := time.Now()
 						report := runChildren(t, spec)
-						require.Zero(t, report.errors, "errors in the children: %v", report.first)
+						require.Zero(t, report.Errors, "errors in the children: %v", report.First)
 						t.Logf("run %d: %v; the latest child ready %v before the start, calls done %v after the stop; slowest call %v",
-							attempt, time.Since(began).Round(time.Millisecond), -report.late.Round(time.Millisecond), report.tail.Round(time.Millisecond), report.slowest.Round(time.Millisecond))
+							attempt, time.Since(began).Round(time.Millisecond), -report.Late.Round(time.Millisecond), report.Tail.Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
 						bound := true
 						for i := range names {
-							grants, denials := checkExactness(t, a.name, cfg, spec, report.decisions[i])
+							grants, denials := checkExactness(t, a, cfg, spec, report.of(i))
 							bound = bound && denials >= grants
 						}
 						if bound {
@@ -410,9 +365,11 @@ func runChildren(t *testing.T, spec childSpec) childReport {
 	}
 	wg.Wait()
 	require.NoError(t, errors.Join(errs...))
-	report := childReport{decisions: make([][]decision, len(spec.Names)), late: math.MinInt64}
-	for _, out := range outs {
-		require.NoError(t, report.parse(out))
+	report := childReport{Late: math.MinInt64}
+	for p, out := range outs {
+		var child childReport
+		require.NoError(t, json.Unmarshal([]byte(out), &child), "child %d", p)
+		report.add(child)
 	}
 	return report
 }
@@ -430,35 +387,23 @@ type placed struct{ lo, hi int64 }
 
 // place narrows d's TIME bracket with what the reply says of the moment it
 // was made (see the top of this file).
-func place(algorithm string, cfg Config, d decision) (placed, error) {
-	p := placed{d.before, d.after}
+func place(a algo, cfg Config, d decision) (placed, error) {
+	p := placed{d.Before, d.After}
 	if p.lo > p.hi {
 		return p, fmt.Errorf("TIME went backwards inside one transaction: %+v", d)
 	}
-	interval := cfg.Interval.Microseconds()
-	var grid int64 // now + ResetAfter lands on a multiple of grid
-	switch {
-	case algorithm == "fixed_window":
-		grid = interval
-	case algorithm == "sliding_window" && d.allowed:
-		grid = interval / int64(cfg.withDefaults().Buckets)
-	case algorithm == "tokenbucket" && d.allowed:
-		// ResetAfter = (now_ms + interval_ms)·1000 − now_µs.
-		if d.reset <= interval-1000 || d.reset > interval {
-			return p, fmt.Errorf("token bucket grant with ResetAfter %dµs: its own record is not the newest in the log", d.reset)
-		}
-		grid = 1000
-	default:
-		return p, nil
+	grid, err := a.grid(cfg.withDefaults(), d) // now + ResetAfter lands on a multiple of grid
+	if err != nil || grid == 0 {
+		return p, err
 	}
-	end := ceilDiv(p.lo+d.reset, grid) * grid // the first grid point not before lo + reset
-	if end > p.hi+d.reset {
-		return p, fmt.Errorf("%s decision %+v: ResetAfter fits no moment in its TIME bracket", algorithm, d)
+	end := ceilDiv(p.lo+d.Reset, grid) * grid // the first grid point not before lo + reset
+	if end > p.hi+d.Reset {
+		return p, fmt.Errorf("%s decision %+v: ResetAfter fits no moment in its TIME bracket", a.name, d)
 	}
-	if end+grid <= p.hi+d.reset {
+	if end+grid <= p.hi+d.Reset {
 		return p, nil // a bracket wider than the grid: keep it
 	}
-	return placed{end - d.reset, end - d.reset}, nil
+	return placed{end - d.Reset, end - d.Reset}, nil
 }
 
 func ceilDiv(a, b int64) int64 {
@@ -477,29 +422,9 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// windowOf describes a window algorithm's guarantee as cells of width µs:
-// no n consecutive cells hold more than the rate. The token bucket's cells
-// are the log's milliseconds, the sliding window's its sub-windows, the fixed
-// window's its windows.
-func windowOf(algorithm string, cfg Config) (width, n int64) {
-	cfg = cfg.withDefaults()
-	switch algorithm {
-	case "tokenbucket":
-		return 1000, cfg.Interval.Milliseconds()
-	case "sliding_window":
-		return cfg.Interval.Microseconds() / int64(cfg.Buckets), int64(cfg.Buckets)
-	case "fixed_window":
-		return cfg.Interval.Microseconds(), 1
-	}
-	return 0, 0
-}
-
 // breaches returns the first breaches of algorithm's guarantee among grants
 // sorted by lo, each grant placed where it is most favourable to the library.
-func breaches(algorithm string, cfg Config, grants []placed) []string {
-	cfg = cfg.withDefaults()
-	rate := int(cfg.Rate)
-	interval := cfg.Interval.Microseconds()
+func breaches(a algo, cfg Config, grants []placed) []string {
 	var out []string
 	report := func(format string, args ...any) bool {
 		out = append(out, fmt.Sprintf(format, args...))
@@ -513,75 +438,7 @@ func breaches(algorithm string, cfg Config, grants []placed) []string {
 		}
 		return hi
 	}
-	switch algorithm {
-	case "tokenbucket":
-		// The log keeps grants by millisecond: rate+1 grants whose
-		// milliseconds are less than the interval apart are one too many.
-		intervalMS := cfg.Interval.Milliseconds()
-		for i := 0; i+rate < len(grants); i++ {
-			first, last := floorDiv(grants[i].lo, 1000), floorDiv(latest(i, i+rate), 1000)
-			if last-first < intervalMS && !report("%d grants within %dms (< interval %dms) from %d", rate+1, last-first, intervalMS, grants[i].lo) {
-				break
-			}
-		}
-	case "sliding_window":
-		// No span shorter than interval × (buckets−1)/buckets holds more than rate.
-		span := interval * int64(cfg.Buckets-1) / int64(cfg.Buckets)
-		for i := 0; i+rate < len(grants); i++ {
-			if d := latest(i, i+rate) - grants[i].lo; d < span && !report("%d grants within %dµs (< %dµs) from %d", rate+1, d, span, grants[i].lo) {
-				break
-			}
-		}
-		// And exactly: no buckets consecutive sub-windows hold more than rate.
-		width, n := windowOf(algorithm, cfg)
-		counts := map[int64]int{}
-		for _, p := range grants {
-			if p.lo == p.hi {
-				counts[floorDiv(p.lo, width)]++
-			}
-		}
-		for c := range counts {
-			total := 0
-			for k := c - n + 1; k <= c; k++ {
-				total += counts[k]
-			}
-			if total > rate && !report("%d grants in the %d sub-windows ending with sub-window %d", total, n, c) {
-				break
-			}
-		}
-	case "fixed_window":
-		counts := map[int64]int{}
-		for _, p := range grants {
-			// A wide bracket counts in the window it may be in that holds
-			// fewer: the favourable choice.
-			w, v := floorDiv(p.lo, interval), floorDiv(p.hi, interval)
-			if w != v && counts[v] < counts[w] {
-				w = v
-			}
-			counts[w]++
-		}
-		for w, n := range counts {
-			if n > rate && !report("%d grants in the window starting at %d", n, w*interval) {
-				break
-			}
-		}
-	case "funnel":
-		// GCRA: any k grants span at least (k − burst) emission intervals.
-		emission := interval / cfg.Rate
-		for i := range grants {
-			hi := grants[i].hi
-			for j := i; j < len(grants); j++ {
-				hi = max(hi, grants[j].hi)
-				k := int64(j - i + 1)
-				if (k-cfg.Burst)*emission > hi-grants[i].lo {
-					if !report("%d grants within %dµs: more than burst %d + %dµs / %dµs", k, hi-grants[i].lo, cfg.Burst, hi-grants[i].lo, emission) {
-						return out
-					}
-					break
-				}
-			}
-		}
-	}
+	a.breaches(cfg.withDefaults(), grants, latest, report)
 	return out
 }
 
@@ -589,10 +446,10 @@ func breaches(algorithm string, cfg Config, grants []placed) []string {
 // for the request, with every decision placed where it is most favourable to
 // the library: a denial is justified if any placement fills its window.
 // grants are sorted by lo.
-func unjustified(algorithm string, cfg Config, grants, denials []placed) []string {
+func unjustified(a algo, cfg Config, grants, denials []placed) []string {
 	cfg = cfg.withDefaults()
 	var out []string
-	if algorithm == "funnel" {
+	if a.cells == nil {
 		// Replay GCRA over the grants that may precede each denial, each at
 		// the end of its bracket: that can only raise the TAT (it is the
 		// largest over any order of t_k + E × the grants from k on), so a
@@ -614,7 +471,7 @@ func unjustified(algorithm string, cfg Config, grants, denials []placed) []strin
 	}
 	// A window algorithm denies only when the n cells ending with the
 	// current one hold rate grants.
-	width, n := windowOf(algorithm, cfg)
+	width, n := a.cells(cfg)
 	los, his := make([]int64, len(grants)), make([]int64, len(grants))
 	for i, g := range grants {
 		los[i], his[i] = floorDiv(g.lo, width), floorDiv(g.hi, width)
@@ -644,9 +501,9 @@ func unjustified(algorithm string, cfg Config, grants, denials []placed) []strin
 // the run's ragged ends do not count), the funnel over the whole run,
 // against burst + rate × (stop − start) / interval. For the log: it depends
 // on how fast requests reach Redis, which unjustified does not.
-func utilization(algorithm string, cfg Config, grants []placed, start, stop int64) (granted, most int64) {
+func utilization(a algo, cfg Config, grants []placed, start, stop int64) (granted, most int64) {
 	cfg = cfg.withDefaults()
-	if algorithm == "funnel" {
+	if a.cells == nil {
 		for _, p := range grants {
 			if p.lo >= start && p.lo <= stop {
 				granted++
@@ -654,7 +511,7 @@ func utilization(algorithm string, cfg Config, grants []placed, start, stop int6
 		}
 		return granted, cfg.Burst + (stop-start)/(cfg.Interval.Microseconds()/cfg.Rate)
 	}
-	width, n := windowOf(algorithm, cfg)
+	width, n := a.cells(cfg)
 	counts := map[int64]int64{}
 	for _, p := range grants {
 		counts[floorDiv(p.lo, width)]++
@@ -671,17 +528,17 @@ func utilization(algorithm string, cfg Config, grants []placed, start, stop int6
 // checkExactness proves, on one limiter's decisions over a run, that it
 // never granted more than its guarantee allows nor denied what it allows,
 // and returns how many it granted and denied.
-func checkExactness(t *testing.T, algorithm string, cfg Config, spec childSpec, decisions []decision) (granted, denied int) {
+func checkExactness(t *testing.T, a algo, cfg Config, spec childSpec, decisions []decision) (granted, denied int) {
 	t.Helper()
 	var grants, denials []placed
 	var exact int
 	var widest int64
 	for _, d := range decisions {
-		p, err := place(algorithm, cfg, d)
+		p, err := place(a, cfg, d)
 		if !assert.NoError(t, err) {
 			return 0, 0
 		}
-		if d.allowed {
+		if d.Allowed {
 			grants = append(grants, p)
 		} else {
 			denials = append(denials, p)
@@ -692,11 +549,11 @@ func checkExactness(t *testing.T, algorithm string, cfg Config, spec childSpec, 
 		widest = max(widest, p.hi-p.lo)
 	}
 	slices.SortFunc(grants, func(a, b placed) int { return cmp.Compare(a.lo, b.lo) })
-	used, most := utilization(algorithm, cfg, grants, spec.Start, spec.Stop)
+	used, most := utilization(a, cfg, grants, spec.Start, spec.Stop)
 	t.Logf("%s: %d grants, %d denials; %.1f%% of capacity used (%d of %d); %d of %d decisions placed exactly, widest bracket %dµs",
-		algorithm, len(grants), len(denials), 100*float64(used)/float64(most), used, most, exact, len(decisions), widest)
-	assert.Empty(t, breaches(algorithm, cfg, grants), "over-admission: the guarantee broken")
-	assert.Empty(t, unjustified(algorithm, cfg, grants, denials), "under-admission: a denial while the window had room")
+		a.name, len(grants), len(denials), 100*float64(used)/float64(most), used, most, exact, len(decisions), widest)
+	assert.Empty(t, breaches(a, cfg, grants), "over-admission: the guarantee broken")
+	assert.Empty(t, unjustified(a, cfg, grants, denials), "under-admission: a denial while the window had room")
 	return len(grants), len(denials)
 }
 
@@ -727,65 +584,65 @@ func TestExactnessChecksCatchBreaches(t *testing.T) {
 
 	// Over-admission.
 	// Token bucket: 3 at 0ms and a 4th at 99ms is too many; at 100ms it is fine.
-	assert.NotEmpty(t, breaches("tokenbucket", cfg, at(append(repeat(3, 0), 99*ms+999)...)))
-	assert.Empty(t, breaches("tokenbucket", cfg, at(append(repeat(3, 0), 100*ms)...)))
+	assert.NotEmpty(t, breaches(tokenBucketAlgo, cfg, at(append(repeat(3, 0), 99*ms+999)...)))
+	assert.Empty(t, breaches(tokenBucketAlgo, cfg, at(append(repeat(3, 0), 100*ms)...)))
 	// Fixed window: 4 in [0, 100ms) is too many; the 4th at 100ms is in the next window.
-	assert.NotEmpty(t, breaches("fixed_window", cfg, at(append(repeat(3, 0), 99*ms)...)))
-	assert.Empty(t, breaches("fixed_window", cfg, at(append(repeat(3, 0), 100*ms)...)))
+	assert.NotEmpty(t, breaches(fixedWindowAlgo, cfg, at(append(repeat(3, 0), 99*ms)...)))
+	assert.Empty(t, breaches(fixedWindowAlgo, cfg, at(append(repeat(3, 0), 100*ms)...)))
 	// Sliding window, 10 buckets of 10ms: 3 at 0ms then a 4th at 95ms share
 	// buckets 0..9; at 100ms bucket 0 has left.
-	assert.NotEmpty(t, breaches("sliding_window", sw, at(append(repeat(3, 0), 95*ms)...)))
-	assert.Empty(t, breaches("sliding_window", sw, at(append(repeat(3, 0), 100*ms)...)))
+	assert.NotEmpty(t, breaches(slidingWindowAlgo, sw, at(append(repeat(3, 0), 95*ms)...)))
+	assert.Empty(t, breaches(slidingWindowAlgo, sw, at(append(repeat(3, 0), 100*ms)...)))
 	// Funnel: 3 grants need 33333µs between the first and the third.
-	assert.NotEmpty(t, breaches("funnel", fn, at(0, 0, 33332)))
-	assert.Empty(t, breaches("funnel", fn, at(0, 0, 33333)))
+	assert.NotEmpty(t, breaches(funnelAlgo, fn, at(0, 0, 33332)))
+	assert.Empty(t, breaches(funnelAlgo, fn, at(0, 0, 33333)))
 	// A wide bracket is placed favourably: a 4th grant that may be at 100ms is no breach.
-	assert.Empty(t, breaches("tokenbucket", cfg, append(at(repeat(3, 0)...), placed{base + 50*ms, base + 100*ms})))
+	assert.Empty(t, breaches(tokenBucketAlgo, cfg, append(at(repeat(3, 0)...), placed{base + 50*ms, base + 100*ms})))
 
 	// Under-admission: a denial is justified while the window is full, not after.
-	assert.Empty(t, unjustified("tokenbucket", cfg, at(repeat(3, 0)...), at(99*ms+999)))
-	assert.NotEmpty(t, unjustified("tokenbucket", cfg, at(repeat(3, 0)...), at(100*ms)))
-	assert.NotEmpty(t, unjustified("tokenbucket", cfg, at(repeat(2, 0)...), at(0)))
-	assert.Empty(t, unjustified("fixed_window", cfg, at(repeat(3, 0)...), at(99*ms)))
-	assert.NotEmpty(t, unjustified("fixed_window", cfg, at(repeat(3, 0)...), at(100*ms)))
-	assert.Empty(t, unjustified("sliding_window", sw, at(repeat(3, 0)...), at(99*ms)))
-	assert.NotEmpty(t, unjustified("sliding_window", sw, at(repeat(3, 0)...), at(100*ms)))
-	assert.Empty(t, unjustified("funnel", fn, at(0, 0), at(33332)), "a third needs the TAT drained by one emission")
-	assert.NotEmpty(t, unjustified("funnel", fn, at(0, 0), at(33333)))
-	assert.NotEmpty(t, unjustified("funnel", fn, nil, at(0)), "an empty funnel denies nothing")
+	assert.Empty(t, unjustified(tokenBucketAlgo, cfg, at(repeat(3, 0)...), at(99*ms+999)))
+	assert.NotEmpty(t, unjustified(tokenBucketAlgo, cfg, at(repeat(3, 0)...), at(100*ms)))
+	assert.NotEmpty(t, unjustified(tokenBucketAlgo, cfg, at(repeat(2, 0)...), at(0)))
+	assert.Empty(t, unjustified(fixedWindowAlgo, cfg, at(repeat(3, 0)...), at(99*ms)))
+	assert.NotEmpty(t, unjustified(fixedWindowAlgo, cfg, at(repeat(3, 0)...), at(100*ms)))
+	assert.Empty(t, unjustified(slidingWindowAlgo, sw, at(repeat(3, 0)...), at(99*ms)))
+	assert.NotEmpty(t, unjustified(slidingWindowAlgo, sw, at(repeat(3, 0)...), at(100*ms)))
+	assert.Empty(t, unjustified(funnelAlgo, fn, at(0, 0), at(33332)), "a third needs the TAT drained by one emission")
+	assert.NotEmpty(t, unjustified(funnelAlgo, fn, at(0, 0), at(33333)))
+	assert.NotEmpty(t, unjustified(funnelAlgo, fn, nil, at(0)), "an empty funnel denies nothing")
 	// A denial whose bracket reaches back into the full window is justified.
-	assert.Empty(t, unjustified("tokenbucket", cfg, at(repeat(3, 0)...), []placed{{base + 99*ms, base + 101*ms}}))
+	assert.Empty(t, unjustified(tokenBucketAlgo, cfg, at(repeat(3, 0)...), []placed{{base + 99*ms, base + 101*ms}}))
 
 	// Placement recovers the exact moment from ResetAfter.
 	now := base + 123_456
 	for _, c := range []struct {
-		algorithm string
-		cfg       Config
-		allowed   bool
-		reset     int64
+		a       algo
+		cfg     Config
+		allowed bool
+		reset   int64
 	}{
-		{"fixed_window", cfg, true, 200_000 - 123_456},  // the window ends at 200ms
-		{"fixed_window", cfg, false, 200_000 - 123_456}, // denials too
-		{"tokenbucket", cfg, true, 223_000 - 123_456},   // the record at 123ms ages out at 223ms
-		{"sliding_window", sw, true, 220_000 - 123_456}, // sub-window 12 leaves at 220ms
+		{fixedWindowAlgo, cfg, true, 200_000 - 123_456},  // the window ends at 200ms
+		{fixedWindowAlgo, cfg, false, 200_000 - 123_456}, // denials too
+		{tokenBucketAlgo, cfg, true, 223_000 - 123_456},  // the record at 123ms ages out at 223ms
+		{slidingWindowAlgo, sw, true, 220_000 - 123_456}, // sub-window 12 leaves at 220ms
 	} {
-		p, err := place(c.algorithm, c.cfg, decision{allowed: c.allowed, before: now - 300, after: now + 300, reset: c.reset})
+		p, err := place(c.a, c.cfg, decision{Allowed: c.allowed, Before: now - 300, After: now + 300, Reset: c.reset})
 		require.NoError(t, err)
 		assert.Equal(t, placed{now, now}, p, "%+v", c)
 	}
-	p, err := place("tokenbucket", cfg, decision{allowed: false, before: now - 300, after: now + 300, reset: 5_000})
+	p, err := place(tokenBucketAlgo, cfg, decision{Allowed: false, Before: now - 300, After: now + 300, Reset: 5_000})
 	require.NoError(t, err)
 	assert.Equal(t, placed{now - 300, now + 300}, p, "a token bucket denial keeps its bracket")
-	_, err = place("fixed_window", cfg, decision{allowed: true, before: now - 300, after: now + 300, reset: 50_000})
+	_, err = place(fixedWindowAlgo, cfg, decision{Allowed: true, Before: now - 300, After: now + 300, Reset: 50_000})
 	assert.Error(t, err, "a ResetAfter that fits no moment of the bracket")
-	_, err = place("tokenbucket", cfg, decision{allowed: true, before: now, after: now, reset: 90_000})
+	_, err = place(tokenBucketAlgo, cfg, decision{Allowed: true, Before: now, After: now, Reset: 90_000})
 	assert.Error(t, err, "a token bucket grant that is not the newest record")
 
 	// Utilization counts whole windows inside the run only.
-	g, m := utilization("fixed_window", cfg, at(0, 0, 150*ms, 250*ms, 250*ms, 399*ms), base+50*ms, base+400*ms)
+	g, m := utilization(fixedWindowAlgo, cfg, at(0, 0, 150*ms, 250*ms, 250*ms, 399*ms), base+50*ms, base+400*ms)
 	assert.Equal(t, [2]int64{4, 9}, [2]int64{g, m}, "windows [100,200), [200,300) and [300,400)")
-	g, m = utilization("funnel", fn, at(0, 0, 33333, 66666), base, base+7*33333)
+	g, m = utilization(funnelAlgo, fn, at(0, 0, 33333, 66666), base, base+7*33333)
 	assert.Equal(t, [2]int64{4, 2 + 7}, [2]int64{g, m})
-	g, m = utilization("tokenbucket", cfg, at(0, 0, 0, 100*ms, 100*ms), base, base+101*ms)
+	g, m = utilization(tokenBucketAlgo, cfg, at(0, 0, 0, 100*ms, 100*ms), base, base+101*ms)
 	assert.Equal(t, [2]int64{3 + 2, 2 * 3}, [2]int64{g, m}, "spans ending at 99ms and 100ms hold 3 and 2")
 }

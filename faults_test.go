@@ -15,7 +15,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha1"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -42,16 +41,6 @@ const (
 	faultWorkers  = 8   // goroutines per limiter
 	faultTimeout  = 20 * time.Second
 )
-
-// countingConfig grants capacity permits and refills nothing while a test runs.
-func countingConfig(algorithm string, capacity int64) Config {
-	if algorithm == "funnel" {
-		return Config{Rate: 1, Interval: time.Hour, Burst: capacity}
-	}
-	// Windows of ten years, aligned to the epoch: a test crosses an edge
-	// once a decade (the next in December 2029).
-	return Per(capacity, maxInterval)
-}
 
 // wireCounter counts commands twice: as the library asks for them (ProcessHook,
 // which wraps a whole call, go-redis's retries included) and as they are
@@ -209,7 +198,7 @@ func (r *faultRun) errors() []error {
 func countingRuns(t *testing.T, c *Client) []*faultRun {
 	var runs []*faultRun
 	for _, a := range algorithms {
-		cfg := countingConfig(a.name, faultCapacity)
+		cfg := a.counting(faultCapacity)
 		runs = append(runs, &faultRun{algo: a, cfg: cfg, limiter: a.new(c, uniqueName(t)+"-"+a.name).WithDefault(cfg)})
 	}
 	return runs
@@ -274,54 +263,6 @@ func waitProgress(t *testing.T, runs []*faultRun, n int64) {
 	}
 }
 
-// redisCounted reads what Redis counted for r's limiter (Overall, one permit a
-// grant) and checks its state agrees with itself.
-func redisCounted(t *testing.T, admin *redis.Client, r *faultRun) int64 {
-	t.Helper()
-	ctx := context.Background()
-	state := r.limiter.keys[3:] // the token bucket's shared state keys: this client's follow
-	switch r.algo.name {
-	case "tokenbucket":
-		members, err := admin.ZRange(ctx, state[1], 0, -1).Result()
-		require.NoError(t, err)
-		var sum int64
-		for _, m := range members {
-			require.Len(t, m, 21, "a log record: 0x10, 16 id bytes, count")
-			sum += int64(binary.LittleEndian.Uint32([]byte(m[17:])))
-		}
-		value, err := admin.Get(ctx, state[0]).Int64()
-		require.NoError(t, err)
-		assert.Equal(t, r.cfg.Rate-sum, value, "the cached value agrees with the log")
-		return sum
-	case "fixed_window": // the others keep their Overall state in the config hash
-		n, err := admin.HGet(ctx, r.limiter.Name(), "count").Int64()
-		require.NoError(t, err)
-		return n
-	case "sliding_window":
-		counts, err := admin.HGet(ctx, r.limiter.Name(), "counts").Result()
-		require.NoError(t, err)
-		var sum int64
-		for _, sub := range strings.Split(counts, ",") {
-			_, count, ok := strings.Cut(sub, ":")
-			require.True(t, ok, counts)
-			n, err := strconv.ParseInt(count, 10, 64)
-			require.NoError(t, err)
-			sum += n
-		}
-		return sum
-	case "funnel":
-		// TAT = first grant + n × emission; the first grant was less than
-		// one emission (an hour) ago.
-		tat, err := admin.HGet(ctx, r.limiter.Name(), "tat").Int64()
-		require.NoError(t, err)
-		now, err := admin.Time(ctx).Result()
-		require.NoError(t, err)
-		emission := r.cfg.Interval.Microseconds() / r.cfg.Rate
-		return ceilDiv(tat-now.UnixMicro(), emission)
-	}
-	panic(r.algo.name)
-}
-
 // assertExact checks each run granted exactly its capacity, that Redis
 // counted as much, and that no call failed.
 func assertExact(t *testing.T, admin *redis.Client, runs []*faultRun) {
@@ -329,7 +270,7 @@ func assertExact(t *testing.T, admin *redis.Client, runs []*faultRun) {
 	for _, r := range runs {
 		assert.Empty(t, r.errors(), "%s: errors", r.algo.name)
 		assert.Equal(t, int64(faultCapacity), r.granted.Load(), "%s: grants the clients saw", r.algo.name)
-		assert.Equal(t, int64(faultCapacity), redisCounted(t, admin, r), "%s: grants Redis counted", r.algo.name)
+		assert.Equal(t, int64(faultCapacity), r.algo.counted(t, admin, r.limiter, r.cfg), "%s: grants Redis counted", r.algo.name)
 	}
 }
 
@@ -521,7 +462,7 @@ func TestFaultRestart(t *testing.T) {
 		}
 		// The second life counted exactly its capacity: every grant after
 		// the restart, and some made across it.
-		assert.Equal(t, int64(faultCapacity), redisCounted(t, b.admin, r), "%s: grants Redis counted after the restart", r.algo.name)
+		assert.Equal(t, int64(faultCapacity), r.algo.counted(t, b.admin, r.limiter, r.cfg), "%s: grants Redis counted after the restart", r.algo.name)
 		assert.LessOrEqual(t, after, int64(faultCapacity), "%s", r.algo.name)
 		assert.GreaterOrEqual(t, after+across, int64(faultCapacity), "%s", r.algo.name)
 		// And the first life at most its capacity.
@@ -559,7 +500,7 @@ func TestFaultUnreachable(t *testing.T) {
 	names := map[string]Config{}
 	for _, a := range algorithms {
 		name := uniqueName(t) + "-" + a.name
-		cfg := countingConfig(a.name, capacity)
+		cfg := a.counting(capacity)
 		names[name] = cfg
 		for _, open := range []bool{false, true} {
 			for range workers {

@@ -85,18 +85,6 @@ func cloneClient(t *testing.T, rdb redis.UniversalClient) redis.UniversalClient 
 	return c
 }
 
-type algo struct {
-	name string
-	new  func(c *Client, name string) *Limiter
-}
-
-var algorithms = []algo{
-	{"tokenbucket", (*Client).TokenBucket},
-	{"funnel", (*Client).Funnel},
-	{"fixed_window", (*Client).FixedWindow},
-	{"sliding_window", (*Client).SlidingWindow},
-}
-
 // eachAlgorithm runs f for every algorithm on every backend.
 func eachAlgorithm(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient, a algo)) {
 	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
@@ -243,13 +231,7 @@ func TestConfigRoundTrip(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.new(newClient(rdb, newClock()), uniqueName(t))
-		want := Config{Type: PerClient, Rate: 7, Interval: 3 * time.Second, KeepAlive: time.Hour}
-		switch a.name {
-		case "funnel":
-			want.Burst = 9
-		case "sliding_window":
-			want.Buckets = 3
-		}
+		want := a.tune(Config{Type: PerClient, Rate: 7, Interval: 3 * time.Second, KeepAlive: time.Hour}, 9, 3)
 		require.NoError(t, l.SetRate(ctx, want))
 		got, err := l.Config(ctx)
 		require.NoError(t, err)
@@ -268,8 +250,7 @@ func TestConfigFieldsPerAlgorithm(t *testing.T) {
 			{Rate: 10, Interval: time.Second, Burst: 50},
 			{Rate: 10, Interval: time.Second, Buckets: 7},
 		} {
-			uses := cfg.Burst != 0 && a.name == "funnel" || cfg.Buckets != 0 && a.name == "sliding_window"
-			if uses {
+			if a.reads(cfg) {
 				assert.NoError(t, l.Validate(cfg), "%v", cfg)
 				continue
 			}
@@ -629,7 +610,7 @@ func TestCorruptState(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		hset := func(name string, fields ...any) {
-			if a.name != "tokenbucket" {
+			if a.namesItself {
 				fields = append(fields, "algorithm", a.name)
 			}
 			rdb.HSet(ctx, name, fields...)
@@ -779,14 +760,9 @@ func TestResentScriptWithoutRetryWindow(t *testing.T) {
 				granted++
 			}
 		}
-		want := map[string]int{"tokenbucket": 10, "funnel": 5, "fixed_window": 5, "sliding_window": 5}[a.name]
-		assert.Equal(t, want, granted, "each grant ran twice")
+		assert.Equal(t, a.grantedTwice, granted, "each grant ran twice")
 		assert.GreaterOrEqual(t, sent, 10, "every script ran twice")
-		wantKeys := []string{l.Name()}
-		if a.name == "tokenbucket" {
-			wantKeys = []string{keyOf(l.Name(), "permits"), keyOf(l.Name(), "value")}
-		}
-		assert.ElementsMatch(t, wantKeys, limiterKeys(t, rdb, name), "no key per grant")
+		assert.ElementsMatch(t, a.stateKeys(l.Name()), limiterKeys(t, rdb, name), "no key per grant")
 	})
 }
 
@@ -901,8 +877,8 @@ func TestResultWindow(t *testing.T) {
 		r, err = l.Allow(ctx, 0)
 		require.NoError(t, err)
 		assert.Equal(t, 10*time.Second, r.Window, "SetRate's interval")
-		if a.name == "funnel" {
-			require.NoError(t, l.SetRate(ctx, Config{Rate: 10, Interval: 10 * time.Second, Burst: 25}))
+		if burst := (Config{Rate: 10, Interval: 10 * time.Second, Burst: 25}); a.reads(burst) {
+			require.NoError(t, l.SetRate(ctx, burst))
 			r, err = l.Allow(ctx, 1)
 			require.NoError(t, err)
 			// The 10s of usage the first grant left (one in 6/min) carry over: SetRate keeps usage.
