@@ -39,7 +39,7 @@ func TestThrottleMatchesCLThrottle(t *testing.T) {
 			{9500 * ms, 2, ThrottleResult{false, 5, 2, -1, 3}},
 			{9500 * ms, 5, ThrottleResult{true, 5, 2, 3, 3}},
 		} {
-			clk.Set(v.at)
+			clk.Set(epoch.Add(v.at))
 			got, err := c.Throttle(context.Background(), key, 4, 1, time.Second, v.quantity)
 			require.NoError(t, err)
 			assert.Equal(t, v.want, got, "vector %d: %v quantity %d", i, v.at, v.quantity)

@@ -27,33 +27,11 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // a second, a minute or ten minutes all begin there.
 var epoch = time.Unix(1_699_999_200, 0)
 
-// clock is a controlled clock. Limiters built by newClient decide on it, and
-// their waits (Acquire, TryAcquireWithin) advance it instead of sleeping.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// clock is the controlled clock limiters built by newClient decide on; their
+// waits (Acquire, TryAcquireWithin) advance it instead of sleeping.
+type clock = redistest.Clock
 
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// Set moves the clock to epoch + d.
-func (c *clock) Set(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = epoch.Add(d)
-}
-
-func newClock() *clock { return &clock{now: epoch} }
+func newClock() *clock { return redistest.NewClock(epoch) }
 
 func newClient(rdb redis.Scripter, clk *clock, opts ...Option) *Client {
 	if p, ok := rdb.(prefixed); ok {
@@ -82,17 +60,8 @@ type prefixed struct {
 // hash-tagged names (the real ones are skipped without redis-server unless
 // REDLIMIT_REQUIRE_REDIS=1).
 func eachBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { rdb.Close() })
-		f(t, rdb)
-	})
-	t.Run("redis", func(t *testing.T) {
-		f(t, redistest.Shared(t).Client(t))
-	})
-	t.Run("cluster", func(t *testing.T) {
-		f(t, redistest.SharedCluster(t).Client(t))
+	redistest.EachBackend(t, redistest.WithCluster, func(t *testing.T, connect func() redis.UniversalClient) {
+		f(t, connect())
 	})
 	t.Run("cluster-tagged", func(t *testing.T) {
 		f(t, prefixed{redistest.SharedCluster(t).Client(t), "app:"})
@@ -217,7 +186,7 @@ type step struct {
 func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
 	t.Helper()
 	for i, s := range steps {
-		clk.Set(s.at)
+		clk.Set(epoch.Add(s.at))
 		r, err := l.Allow(context.Background(), s.permits)
 		require.NoError(t, err, "step %d", i)
 		assert.Equal(t, s, step{s.at, s.permits, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter}, "step %d at %v", i, s.at)
@@ -970,7 +939,7 @@ func TestAcquireNeverSleepsPastTheDeadline(t *testing.T) {
 	l := c.Funnel(uniqueName(t)).WithDefault(PerSecond(2)) // a permit every 500ms
 	ctx := deadlineIn{context.Background(), 502 * time.Millisecond}
 	for i := range 100 {
-		clk.Set(time.Duration(i) * time.Hour)
+		clk.Set(epoch.Add(time.Duration(i) * time.Hour))
 		ok, err := l.TryAcquire(ctx, 2)
 		require.NoError(t, err)
 		require.True(t, ok)

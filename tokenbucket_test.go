@@ -65,7 +65,7 @@ func TestTokenBucketExactRetryAfter(t *testing.T) {
 			{4 * s, 4, true, 0, 0, 10 * s},
 			{5 * s, 5, false, 0, 7 * s, 9 * s}, // frees 3 at 10s, 3 more at 12s
 		})
-		clk.Set(12 * s)
+		clk.Set(epoch.Add(12 * s))
 		r, err := l.Allow(context.Background(), 5)
 		require.NoError(t, err)
 		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 1, ResetAfter: 10 * s, Window: 10 * s}, r, "the wait it gave was enough")

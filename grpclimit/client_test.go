@@ -22,6 +22,7 @@ import (
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/grpclimit"
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // upstream starts the rate-limited service the callers call, and counts the
@@ -85,8 +86,8 @@ func costFromMetadata(ctx context.Context, _ string, _ any) int64 {
 // that wait as the denial is observed (when a step says so): the waits are
 // exact, the real sleeps short.
 func TestClientWaits(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
-		now := &clock{}
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
 		name := uniqueName(t)
 		cfg := redlimit.PerSecond(2)
 		addr, reached := upstream(t)

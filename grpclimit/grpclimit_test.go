@@ -35,49 +35,6 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // windowStart is a minute boundary: fixed windows are aligned to the epoch.
 var windowStart = time.Unix(1_800_000_000, 0)
 
-// clock is the controlled time every instance decides on (redlimit.WithClock),
-// so the metadata values are exact. Interceptors read it on other goroutines.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// forEachBackend runs test on miniredis and on a real redis-server (skipped
-// when none is installed, unless REDLIMIT_REQUIRE_REDIS=1). newRDB gives each
-// instance its own connection, as separate processes would have.
-func forEachBackend(t *testing.T, test func(t *testing.T, newRDB func() redis.UniversalClient)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		test(t, func() redis.UniversalClient {
-			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-			t.Cleanup(func() { _ = c.Close() })
-			return c
-		})
-	})
-	t.Run("redis", func(t *testing.T) {
-		s := redistest.Shared(t)
-		test(t, func() redis.UniversalClient { return s.Client(t) })
-	})
-}
-
 // uniqueName keeps tests sharing one redis-server apart.
 func uniqueName(t *testing.T) string {
 	b := make([]byte, 4)
@@ -175,8 +132,8 @@ func call(t *testing.T, conn *grpc.ClientConn, k kind, md ...string) answer {
 // redlimit.Client and gRPC server, in front of one Redis: a caller's calls
 // count against one limit whichever instance serves them, unary or stream.
 func TestServersShareOneLimit(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
-		now := &clock{}
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
 		name := uniqueName(t)
 		cfg := redlimit.PerMinute(3)
 		var admin *redlimit.Client // to change the rate, as an operator would

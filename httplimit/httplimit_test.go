@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,43 +29,6 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // windowStart is a minute boundary: fixed windows are aligned to the epoch.
 var windowStart = time.Unix(1_800_000_000, 0)
 
-// clock is the controlled time every instance decides on (redlimit.WithClock),
-// so the header values are exact. The handlers read it on other goroutines.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-// forEachBackend runs test on miniredis and on a real redis-server (skipped
-// when none is installed). newRDB gives each instance its own connection, as
-// separate processes would have.
-func forEachBackend(t *testing.T, test func(t *testing.T, newRDB func() redis.UniversalClient)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		test(t, func() redis.UniversalClient {
-			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-			t.Cleanup(func() { _ = c.Close() })
-			return c
-		})
-	})
-	t.Run("redis", func(t *testing.T) {
-		s := redistest.Shared(t)
-		test(t, func() redis.UniversalClient { return s.Client(t) })
-	})
-}
-
 // uniqueName keeps tests sharing one redis-server apart.
 func uniqueName(t *testing.T) string {
 	b := make([]byte, 4)
@@ -80,8 +42,8 @@ var rateLimitFields = []string{"RateLimit-Policy", "RateLimit", "Retry-After", "
 // own redlimit.Client and HTTP server, in front of one Redis: a client's
 // requests count against one limit whichever instance serves them.
 func TestInstancesShareOneLimit(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
-		now := &clock{}
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
 		name := uniqueName(t)
 		cfg := redlimit.PerMinute(3)
 		var admin *redlimit.Client // to change the rate, as an operator would
@@ -411,8 +373,8 @@ func fieldsOf(h http.Header) map[string]string {
 // appends its policy and its decision to the lists, outer first; the legacy
 // fields, which hold one limit, hold the one that binds.
 func TestStackedPolicies(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
-		now := &clock{}
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
 		name := uniqueName(t)
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		perIP := httplimit.New(func(ip string) *redlimit.Limiter {
@@ -475,8 +437,8 @@ func TestStackedPolicies(t *testing.T) {
 // The deprecated Window option, set here as a user of the old API would, is
 // ignored.
 func TestPolicyFollowsConfig(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
-		now := &clock{}
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
 		name := uniqueName(t)
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		twoPer10s := redlimit.Config{Rate: 2, Interval: 10 * time.Second}
@@ -532,8 +494,8 @@ func TestPolicyFollowsConfig(t *testing.T) {
 // TestHandlersSeeDecision: the next handler and DeniedHandler read the
 // decision from the request's context, and write their own bodies with it.
 func TestHandlersSeeDecision(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, newRDB func() redis.UniversalClient) {
-		now := &clock{}
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
 		now.Set(windowStart.Add(10 * time.Second))
 		name := uniqueName(t)
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))

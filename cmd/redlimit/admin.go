@@ -1,0 +1,648 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+)
+
+// admin is what the admin commands share: a real Redis, a prefix, and
+// whether a read command answers in JSON.
+type admin struct {
+	name   string // the command, for messages
+	fs     *flag.FlagSet
+	be     backend
+	prefix string
+	json   bool
+
+	stdout, stderr io.Writer
+	rdb            redis.UniversalClient
+	client         *redlimit.Client
+}
+
+// newAdmin declares the flags every admin command has; read commands also get --json.
+func newAdmin(name, synopsis, about string, read bool, stdout, stderr io.Writer) *admin {
+	a := &admin{name: name, fs: newFlagSet(name, synopsis, about, stderr), stdout: stdout, stderr: stderr}
+	a.be.addFlags(a.fs)
+	a.fs.StringVar(&a.prefix, "prefix", "", "the services' redlimit.WithPrefix")
+	if read {
+		a.fs.BoolVar(&a.json, "json", false, "answer in JSON, for scripts")
+	}
+	return a
+}
+
+// parse reads the command line, flags and arguments in any order (`set NAME
+// --rate 10` reads as an operator types it), and returns the arguments.
+func (a *admin) parse(args []string) (_ []string, code int, ok bool) {
+	var pos []string
+	for {
+		if code, ok := parseFlags(a.fs, args); !ok {
+			return nil, code, false
+		}
+		rest := a.fs.Args()
+		if len(rest) == 0 {
+			return pos, 0, true
+		}
+		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" { // everything after -- is an argument
+			return append(pos, rest...), 0, true
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// connect checks the backend flags and connects. It returns a non-zero exit
+// code when it could not.
+func (a *admin) connect(ctx context.Context) int {
+	if err := a.be.check(); err != nil {
+		return usageError(a.fs, "%v", err)
+	}
+	if !a.be.real() {
+		// An embedded Redis would start empty: nothing to inspect or change.
+		return usageError(a.fs, "name the Redis holding the limiters: --redis, --cluster or --sentinel")
+	}
+	if err := a.be.open(ctx); err != nil {
+		return a.fail(err)
+	}
+	a.rdb = a.be.newClient()
+	a.client = redlimit.New(a.rdb, redlimit.WithPrefix(a.prefix))
+	return exitOK
+}
+
+func (a *admin) close() {
+	if a.rdb != nil {
+		_ = a.rdb.Close()
+	}
+}
+
+// fail reports err and returns its exit code: a name the library refuses is
+// a bad command line, anything else a failed command.
+func (a *admin) fail(err error) int {
+	if errors.Is(err, redlimit.ErrInvalidName) || errors.Is(err, redlimit.ErrInvalidConfig) {
+		return usageError(a.fs, "%v", err)
+	}
+	fmt.Fprintf(a.stderr, "redlimit %s: %s\n", a.name, strings.TrimPrefix(err.Error(), "redlimit: "))
+	return exitFail
+}
+
+func (a *admin) notFound(name string) int {
+	fmt.Fprintf(a.stderr, "redlimit %s: no limiter %q in %v (no key %s)\n", a.name, name, &a.be, a.client.TokenBucket(name).Name())
+	return exitNotFound
+}
+
+// algorithmNamed returns the constructor of the algorithm stored as name.
+func algorithmNamed(name string) func(*redlimit.Client, string) *redlimit.Limiter {
+	for _, alg := range algorithms {
+		if alg.name == name {
+			return alg.limiter
+		}
+	}
+	return nil
+}
+
+// keyOf is a limiter's key with a suffix, as the README's "Keys in Redis"
+// lays them out: {name}:suffix, or name:suffix when the name has a tag.
+func keyOf(full, suffix string) string {
+	if strings.Contains(full, "{") {
+		return full + ":" + suffix
+	}
+	return "{" + full + "}:" + suffix
+}
+
+// stateFields are the Overall state fields each algorithm keeps in the
+// limiter's hash, and perClientState the key each keeps per client (its
+// first state key): what tells a limiter running on a default, without a
+// stored config, apart.
+var (
+	stateFields    = []struct{ field, algorithm string }{{"tat", "funnel"}, {"window", "fixed_window"}, {"count", "fixed_window"}, {"counts", "sliding_window"}}
+	perClientState = []struct{ suffix, algorithm string }{{"tat", "funnel"}, {"window", "fixed_window"}, {"buckets", "sliding_window"}, {"value", "tokenbucket"}, {"permits", "tokenbucket"}}
+	// hashFields is what ls and locate read of a limiter's hash: the
+	// config fields in Config's order, then the algorithm, then state.
+	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts"}
+)
+
+// classify tells a limiter's algorithm from its hash fields (hashFields'
+// order), and whether the hash stores a config. The algorithm field names
+// ours; without it, a rate or an interval is a token bucket (Redisson's
+// layout). "" means the hash is not a limiter's.
+func classify(f []any) (algorithm string, stored bool) {
+	field := func(i int) (string, bool) { s, ok := f[i].(string); return s, ok }
+	_, rate := field(0)
+	_, interval := field(1)
+	stored = rate || interval
+	if alg, ok := field(6); ok {
+		return alg, stored
+	}
+	if stored {
+		return "tokenbucket", true
+	}
+	for i, s := range stateFields {
+		if _, ok := field(7 + i); ok {
+			return s.algorithm, false
+		}
+	}
+	return "", false
+}
+
+// locate finds which algorithm holds name, reading only: the hash's fields;
+// without a hash, the token bucket's Overall keys; then a PerClient
+// limiter's registry and its first client's state key. "" means there is no
+// limiter of that name.
+func (a *admin) locate(ctx context.Context, name string) (string, error) {
+	l := a.client.TokenBucket(name)
+	if name == "" || strings.Contains(name, "{") {
+		// Only these can be invalid; the library has the rule, and says so
+		// on its first call (a read).
+		if _, err := l.RemainTimeToLive(ctx); errors.Is(err, redlimit.ErrInvalidName) {
+			return "", err
+		}
+	}
+	full := l.Name()
+	f, err := a.rdb.HMGet(ctx, full, hashFields...).Result()
+	if isWrongType(err) {
+		return "", fmt.Errorf("%s is a %s, not a limiter's hash", full, a.rdb.Type(ctx, full).Val())
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", full, err)
+	}
+	if alg, _ := classify(f); alg != "" {
+		return alg, nil
+	}
+	n, err := a.rdb.Exists(ctx, keyOf(full, "value"), keyOf(full, "permits")).Result()
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", full, err)
+	}
+	if n > 0 {
+		return "tokenbucket", nil
+	}
+	ids, err := a.rdb.ZRange(ctx, keyOf(full, "clients"), 0, 0).Result()
+	if err != nil || len(ids) == 0 {
+		return "", nil // no registry, or not a zset: not one of ours
+	}
+	for _, s := range perClientState {
+		n, err := a.rdb.Exists(ctx, keyOf(full, s.suffix+":"+ids[0])).Result()
+		if err != nil {
+			return "", fmt.Errorf("reading %s: %w", full, err)
+		}
+		if n > 0 {
+			return s.algorithm, nil
+		}
+	}
+	return "", nil
+}
+
+func isWrongType(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
+}
+
+// limiter returns a handle on an existing limiter, or an exit code.
+func (a *admin) limiter(ctx context.Context, name string) (*redlimit.Limiter, string, int) {
+	alg, err := a.locate(ctx, name)
+	switch {
+	case err != nil:
+		return nil, "", a.fail(err)
+	case alg == "":
+		return nil, "", a.notFound(name)
+	case algorithmNamed(alg) == nil:
+		return nil, "", a.fail(fmt.Errorf("%s holds an algorithm this command does not know: %q", a.client.TokenBucket(name).Name(), alg))
+	}
+	return algorithmNamed(alg)(a.client, name), alg, exitOK
+}
+
+// configFlags are set's flags, and get's for the default to assume.
+type configFlags struct {
+	rate      int64
+	per       time.Duration
+	burst     int64
+	buckets   int
+	perClient bool
+	keepAlive time.Duration
+}
+
+func (c *configFlags) add(fs *flag.FlagSet, what string) {
+	fs.Int64Var(&c.rate, "rate", 0, "permits per --per"+what)
+	fs.DurationVar(&c.per, "per", 0, "the interval, e.g. 1s, 1m"+what)
+	fs.Int64Var(&c.burst, "burst", 0, "funnel only: its capacity (default the rate)")
+	fs.IntVar(&c.buckets, "buckets", 0, "sliding window only: sub-windows per interval (default 10)")
+	fs.BoolVar(&c.perClient, "per-client", false, "a separate limit for each client ID (Type PerClient)")
+	fs.DurationVar(&c.keepAlive, "keep-alive", 0, "the config expires after this long without an acquire (0: never)")
+}
+
+func (c *configFlags) given() bool { return c.rate != 0 || c.per != 0 }
+
+func (c *configFlags) config() redlimit.Config {
+	cfg := redlimit.Config{Rate: c.rate, Interval: c.per, Burst: c.burst, Buckets: c.buckets, KeepAlive: c.keepAlive}
+	if c.perClient {
+		cfg.Type = redlimit.PerClient
+	}
+	return cfg
+}
+
+// configJSON is a Config for scripts: durations in milliseconds, zero
+// Burst and Buckets meaning the algorithm's default.
+type configJSON struct {
+	Type        string `json:"type"` // overall or per-client
+	Rate        int64  `json:"rate"`
+	IntervalMS  int64  `json:"interval_ms"`
+	Burst       int64  `json:"burst"`
+	Buckets     int    `json:"buckets"`
+	KeepAliveMS int64  `json:"keep_alive_ms"`
+}
+
+func toJSON(cfg redlimit.Config) *configJSON {
+	return &configJSON{Type: cfg.Type.String(), Rate: cfg.Rate, IntervalMS: cfg.Interval.Milliseconds(),
+		Burst: cfg.Burst, Buckets: cfg.Buckets, KeepAliveMS: cfg.KeepAlive.Milliseconds()}
+}
+
+// ms rounds up, so that a script waiting that long has waited long enough.
+func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// limitUsage is what a peek (Allow with zero permits) says of one limit.
+type limitUsage struct {
+	Client    string `json:"client,omitempty"` // PerClient only
+	Limit     int64  `json:"limit"`
+	Remaining int64  `json:"remaining"`
+	// RetryAfterMS is 0 when a permit is free now. Otherwise it is the
+	// reset, an upper bound: a peek reports when the limiter is full again,
+	// not when its next permit frees (finding that out would take one).
+	RetryAfterMS int64 `json:"retry_after_ms"`
+	ResetAfterMS int64 `json:"reset_after_ms"`
+}
+
+func peek(ctx context.Context, l *redlimit.Limiter, client string) (limitUsage, error) {
+	r, err := l.Allow(ctx, 0) // zero permits: reports and writes nothing
+	if err != nil {
+		return limitUsage{}, err
+	}
+	u := limitUsage{Client: client, Limit: r.Limit, Remaining: r.Remaining, ResetAfterMS: ms(r.ResetAfter)}
+	if r.Remaining < 1 {
+		u.RetryAfterMS = u.ResetAfterMS
+	}
+	return u, nil
+}
+
+// limiterReport is get's answer.
+type limiterReport struct {
+	Name      string `json:"name"`
+	Key       string `json:"key"`
+	Algorithm string `json:"algorithm"`
+	// Config is the stored config; null when the limiter runs on its
+	// handles' default, which lives in the services, not in Redis.
+	Config *configJSON `json:"config"`
+	// Assumed is get's --rate/--per, used for the usage below when no config is stored.
+	Assumed *configJSON `json:"assumed,omitempty"`
+	// TTLMS is RemainTimeToLive in milliseconds: -1 when the limiter's keys
+	// do not expire (a stored config without KeepAlive or Expire).
+	TTLMS int64 `json:"ttl_ms"`
+	// Usage is the Overall limit's; null for PerClient, or when no config is
+	// stored or assumed.
+	Usage *limitUsage `json:"usage"`
+	// Clients are the PerClient clients, with their usage when a config is
+	// stored or assumed.
+	Clients []limitUsage `json:"clients"`
+}
+
+func get(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := newAdmin("get", "get [flags] NAME", `Shows a limiter: its algorithm, the stored config (or none: it runs on its
+handles' default), its TTL, and its usage now: permits remaining, when the
+next permit frees (at most) and when it is full again; for a PerClient
+limiter, each client's. It writes nothing: usage is read with a peek (Allow
+with zero permits). Without a stored config, usage needs the services'
+default: give it with --rate and --per (and the other config flags).
+
+	redlimit get --redis redis://localhost:6379 --prefix svc: user:42
+`, true, stdout, stderr)
+	var assume configFlags
+	assume.add(a.fs, " (the default to assume when none is stored)")
+	pos, code, ok := a.parse(args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return usageError(a.fs, "want one NAME, got %d arguments", len(pos))
+	}
+	if code := a.connect(ctx); code != exitOK {
+		return code
+	}
+	defer a.close()
+	name := pos[0]
+	l, alg, code := a.limiter(ctx, name)
+	if code != exitOK {
+		return code
+	}
+	rep := limiterReport{Name: name, Key: l.Name(), Algorithm: alg, Clients: []limitUsage{}}
+	cfg, err := l.Config(ctx)
+	switch {
+	case errors.Is(err, redlimit.ErrNotInitialized):
+		if assume.given() {
+			cfg = assume.config()
+			if err := l.Validate(cfg); err != nil {
+				return usageError(a.fs, "%v", err)
+			}
+			l, rep.Assumed = l.WithDefault(cfg), toJSON(cfg)
+		}
+	case err != nil:
+		return a.fail(err)
+	default:
+		rep.Config = toJSON(cfg)
+	}
+	ttl, err := l.RemainTimeToLive(ctx)
+	if err != nil {
+		return a.fail(err)
+	}
+	rep.TTLMS = int64(ttl)
+	if ttl >= 0 {
+		rep.TTLMS = ms(ttl)
+	}
+	known := rep.Config != nil || rep.Assumed != nil
+	if known && cfg.Type == redlimit.Overall {
+		u, err := peek(ctx, l, "")
+		if err != nil {
+			return a.fail(err)
+		}
+		rep.Usage = &u
+	}
+	if !known || cfg.Type == redlimit.PerClient {
+		ids, err := l.Clients(ctx)
+		if err != nil {
+			return a.fail(err)
+		}
+		slices.Sort(ids)
+		for _, id := range ids {
+			u := limitUsage{Client: id, RetryAfterMS: -1, ResetAfterMS: -1, Limit: -1, Remaining: -1}
+			if known {
+				if u, err = peek(ctx, l.AsClient(id), id); err != nil {
+					return a.fail(err)
+				}
+			}
+			rep.Clients = append(rep.Clients, u)
+		}
+	}
+	if a.json {
+		return a.writeJSON(rep)
+	}
+	rep.print(stdout)
+	return exitOK
+}
+
+func (a *admin) writeJSON(v any) int {
+	if err := json.NewEncoder(a.stdout).Encode(v); err != nil {
+		return a.fail(err)
+	}
+	return exitOK
+}
+
+func (r limiterReport) print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "limiter\t%s\t(key %s)\n", r.Name, r.Key)
+	fmt.Fprintf(tw, "algorithm\t%s\n", r.Algorithm)
+	switch {
+	case r.Config != nil:
+		fmt.Fprintf(tw, "config\t%s\t(stored)\n", fromJSON(r.Config))
+	case r.Assumed != nil:
+		fmt.Fprintf(tw, "config\tnone stored; assuming %s\t(--rate, --per)\n", fromJSON(r.Assumed))
+	default:
+		fmt.Fprintf(tw, "config\tnone stored\t(it runs on its handles' default; give it with --rate and --per to see usage)\n")
+	}
+	switch {
+	case r.TTLMS == int64(redlimit.NoExpiry):
+		fmt.Fprintf(tw, "expires\tnever\n")
+	case r.TTLMS == int64(redlimit.NoKey):
+		fmt.Fprintf(tw, "expires\tno key\n") // gone between locate and now
+	default:
+		fmt.Fprintf(tw, "expires\tin %v\n", time.Duration(r.TTLMS)*time.Millisecond)
+	}
+	if r.Usage != nil {
+		fmt.Fprintf(tw, "remaining\t%s\n", r.Usage)
+	}
+	tw.Flush()
+	if r.Usage == nil && (r.Config != nil || r.Assumed != nil) || len(r.Clients) > 0 {
+		fmt.Fprintf(w, "\n%d clients (PerClient):\n", len(r.Clients))
+		for _, c := range r.Clients {
+			if c.Limit < 0 {
+				fmt.Fprintf(tw, "  %s\t(usage unknown without a config)\n", c.Client)
+				continue
+			}
+			fmt.Fprintf(tw, "  %s\t%s\n", c.Client, c)
+		}
+		tw.Flush()
+	}
+}
+
+func (u limitUsage) String() string {
+	reset := time.Duration(u.ResetAfterMS) * time.Millisecond
+	if u.Remaining == u.Limit {
+		return fmt.Sprintf("%d of %d; full", u.Remaining, u.Limit)
+	}
+	next := "a permit is free now"
+	if u.RetryAfterMS > 0 {
+		next = fmt.Sprintf("next permit within %v", reset)
+	}
+	return fmt.Sprintf("%d of %d; %s; full again in %v", u.Remaining, u.Limit, next, reset)
+}
+
+func fromJSON(c *configJSON) redlimit.Config {
+	cfg := redlimit.Config{Rate: c.Rate, Interval: time.Duration(c.IntervalMS) * time.Millisecond,
+		Burst: c.Burst, Buckets: c.Buckets, KeepAlive: time.Duration(c.KeepAliveMS) * time.Millisecond}
+	if c.Type == redlimit.PerClient.String() {
+		cfg.Type = redlimit.PerClient
+	}
+	return cfg
+}
+
+func set(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := newAdmin("set", "set NAME --rate N --per DURATION [flags]", `Stores a limiter's config (SetRate), or with --if-absent only when none is
+stored (TrySetRate). Usage so far is kept and counts against the new rate;
+changing --per-client clears it. A limiter that exists keeps its algorithm;
+a new one needs --algorithm: the one its services' handles use.
+
+	redlimit set --redis redis://localhost:6379 user:42 --rate 100 --per 1m --algorithm fixed_window
+`, false, stdout, stderr)
+	var c configFlags
+	c.add(a.fs, "")
+	algorithm := a.fs.String("algorithm", "", "for a new limiter: "+strings.Join(algorithmNames(), ", "))
+	ifAbsent := a.fs.Bool("if-absent", false, "store only if no config is stored (TrySetRate)")
+	pos, code, ok := a.parse(args)
+	if !ok {
+		return code
+	}
+	switch {
+	case len(pos) != 1:
+		return usageError(a.fs, "want one NAME, got %d arguments", len(pos))
+	case !c.given():
+		return usageError(a.fs, "want --rate and --per")
+	case *algorithm != "" && algorithmNamed(*algorithm) == nil:
+		return usageError(a.fs, "unknown algorithm %q: want one of %s", *algorithm, strings.Join(algorithmNames(), ", "))
+	}
+	// Ranges before dialling; the fields an algorithm uses once it is known.
+	common := c.config()
+	common.Burst, common.Buckets = 0, 0
+	if err := redlimit.New(nil).TokenBucket(pos[0]).Validate(common); err != nil {
+		return usageError(a.fs, "%v", err)
+	}
+	if code := a.connect(ctx); code != exitOK {
+		return code
+	}
+	defer a.close()
+	name := pos[0]
+	held, err := a.locate(ctx, name)
+	switch {
+	case err != nil:
+		return a.fail(err)
+	case held == "" && *algorithm == "":
+		// Guessing would break the services: a handle of another
+		// algorithm fails on a config that is not its own.
+		return usageError(a.fs, "%s is not in Redis yet: give the --algorithm its services use", name)
+	case held != "" && *algorithm != "" && held != *algorithm:
+		return a.fail(fmt.Errorf("%s is a %s limiter, not a %s: delete it first (redlimit delete) to change its algorithm", name, held, *algorithm))
+	case held != "":
+		*algorithm = held
+	}
+	l := algorithmNamed(*algorithm)(a.client, name)
+	cfg := c.config()
+	if err := l.Validate(cfg); err != nil {
+		return usageError(a.fs, "%v", err)
+	}
+	if *ifAbsent {
+		stored, err := l.TrySetRate(ctx, cfg)
+		if err != nil {
+			return a.fail(err)
+		}
+		if !stored {
+			now, err := l.Config(ctx)
+			if err != nil {
+				return a.fail(err)
+			}
+			fmt.Fprintf(stdout, "%s: %s keeps the config stored already: %v\n", name, *algorithm, now)
+			return exitOK
+		}
+	} else if err := l.SetRate(ctx, cfg); err != nil {
+		return a.fail(err)
+	}
+	fmt.Fprintf(stdout, "%s: %s now %v\n", name, *algorithm, cfg)
+	return exitOK
+}
+
+func reset(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := newAdmin("reset", "reset [flags] NAME", `Forgets a limiter's usage, every client's, and keeps its config (Reset).
+`, false, stdout, stderr)
+	return a.onLimiter(ctx, args, 0, func(l *redlimit.Limiter, name, _ string) int {
+		if err := l.Reset(ctx); err != nil {
+			return a.fail(err)
+		}
+		fmt.Fprintf(stdout, "%s: usage forgotten\n", name)
+		return exitOK
+	})
+}
+
+// terminalInput is where delete reads a confirmation from, and whether it
+// is a terminal; a variable so that tests can answer.
+var terminalInput = func() (io.Reader, bool) {
+	fi, err := os.Stdin.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return os.Stdin, false
+	}
+	// /dev/null is a character device too: daemons and CI run with it.
+	null, err := os.Stat(os.DevNull)
+	return os.Stdin, err != nil || !os.SameFile(fi, null)
+}
+
+func deleteLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := newAdmin("delete", "delete [flags] NAME", `Removes every key of a limiter: its config, every client's usage (Delete).
+Services with a default carry on from a full limit; those without fail with
+"rate not set" until a rate is stored again. Asks for confirmation on a
+terminal; elsewhere it needs --yes.
+`, false, stdout, stderr)
+	yes := a.fs.Bool("yes", false, "delete without asking")
+	return a.onLimiter(ctx, args, 0, func(l *redlimit.Limiter, name, alg string) int {
+		if !*yes {
+			in, terminal := terminalInput()
+			if !terminal {
+				return usageError(a.fs, "not a terminal: confirm with --yes")
+			}
+			fmt.Fprintf(stdout, "Delete the %s limiter %s (key %s) and all its usage? [y/N] ", alg, name, l.Name())
+			line, _ := bufio.NewReader(in).ReadString('\n')
+			if answer := strings.ToLower(strings.TrimSpace(line)); answer != "y" && answer != "yes" {
+				fmt.Fprintln(stdout, "Nothing deleted.")
+				return exitFail
+			}
+		}
+		existed, err := l.Delete(ctx)
+		if err != nil {
+			return a.fail(err)
+		}
+		if !existed { // gone since locate found it
+			return a.notFound(name)
+		}
+		fmt.Fprintf(stdout, "%s: deleted\n", name)
+		return exitOK
+	})
+}
+
+func expire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := newAdmin("expire", "expire [flags] NAME DURATION", `Makes every key of a limiter expire within DURATION (a Go duration such as
+10m, or whole seconds); keys due sooner keep their expiry (Expire). A later
+SetRate or keep-alive sets the expiry again.
+`, false, stdout, stderr)
+	var ttl time.Duration
+	return a.onLimiter(ctx, args, 1, func(l *redlimit.Limiter, name, _ string) int {
+		existed, err := l.Expire(ctx, ttl)
+		if err != nil {
+			return a.fail(err)
+		}
+		if !existed {
+			return a.notFound(name)
+		}
+		fmt.Fprintf(stdout, "%s: expires within %v\n", name, ttl)
+		return exitOK
+	}, func(arg string) int {
+		d, err := parsePeriod(arg)
+		switch {
+		case err != nil:
+			return usageError(a.fs, "DURATION %q: %v", arg, err)
+		case d <= 0:
+			// Expire deletes on zero; deleting is delete's job, with its confirmation.
+			return usageError(a.fs, "DURATION %v: want more than 0 (to delete, use redlimit delete)", d)
+		}
+		ttl = d
+		return exitOK
+	})
+}
+
+// onLimiter parses NAME and extra arguments (each checked by its own
+// func), connects, finds the limiter and runs do on it.
+func (a *admin) onLimiter(ctx context.Context, args []string, extra int, do func(l *redlimit.Limiter, name, alg string) int, checks ...func(string) int) int {
+	pos, code, ok := a.parse(args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1+extra {
+		return usageError(a.fs, "want %d arguments, got %d", 1+extra, len(pos))
+	}
+	for i, check := range checks {
+		if code := check(pos[1+i]); code != exitOK {
+			return code
+		}
+	}
+	if code := a.connect(ctx); code != exitOK {
+		return code
+	}
+	defer a.close()
+	l, alg, code := a.limiter(ctx, pos[0])
+	if code != exitOK {
+		return code
+	}
+	return do(l, pos[0], alg)
+}

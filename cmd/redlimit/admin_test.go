@@ -1,0 +1,551 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// Tests never run on a terminal, whatever go test's stdin is: delete needs
+// --yes (TestDeleteAsks answers as a terminal would).
+func init() { terminalInput = func() (io.Reader, bool) { return nil, false } }
+
+// server is one backend the admin commands are tested on.
+type server struct {
+	flags []string // how the command names it
+	rdb   redis.UniversalClient
+	real  bool // a redis-server: DUMP and PEXPIRETIME work on every type
+}
+
+// eachServer runs f on miniredis, a real redis-server and a real Redis
+// Cluster; the real ones skip without redis-server unless
+// REDLIMIT_REQUIRE_REDIS=1.
+func eachServer(t *testing.T, f func(t *testing.T, s server)) {
+	t.Run("miniredis", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		f(t, server{[]string{"--redis", "redis://" + m.Addr()}, rdb, false})
+	})
+	t.Run("redis", func(t *testing.T) {
+		s := redistest.Shared(t)
+		f(t, server{[]string{"--redis", "redis://" + s.Addr()}, s.Client(t), true})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("starts a six-node Redis Cluster")
+		}
+		c := redistest.SharedCluster(t)
+		f(t, server{[]string{"--cluster", strings.Join(c.Addrs(), ",")}, c.Client(t), true})
+	})
+}
+
+// command runs `redlimit CMD --redis … --prefix PREFIX args…`.
+func (s server) command(t *testing.T, prefix, cmd string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	all := append([]string{cmd}, s.flags...)
+	if prefix != "" {
+		all = append(all, "--prefix", prefix)
+	}
+	return runCommand(t, append(all, args...)...)
+}
+
+// must runs a command that should succeed and returns its output.
+func (s server) must(t *testing.T, prefix, cmd string, args ...string) string {
+	t.Helper()
+	code, stdout, stderr := s.command(t, prefix, cmd, args...)
+	if code != exitOK {
+		t.Fatalf("redlimit %s %s: exit %d\n%s%s", cmd, strings.Join(args, " "), code, stdout, stderr)
+	}
+	return stdout
+}
+
+func (s server) get(t *testing.T, prefix, name string, args ...string) limiterReport {
+	t.Helper()
+	var rep limiterReport
+	if err := json.Unmarshal([]byte(s.must(t, prefix, "get", append([]string{"--json", name}, args...)...)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// ls returns ls --json's lines by name.
+func (s server) ls(t *testing.T, prefix string, args ...string) map[string]lsLine {
+	t.Helper()
+	lines := map[string]lsLine{}
+	for _, text := range strings.Split(strings.TrimSpace(s.must(t, prefix, "ls", append([]string{"--json"}, args...)...)), "\n") {
+		if text == "" {
+			continue
+		}
+		var l lsLine
+		if err := json.Unmarshal([]byte(text), &l); err != nil {
+			t.Fatalf("%v: %q", err, text)
+		}
+		if _, dup := lines[l.Name]; dup {
+			t.Errorf("ls listed %s twice", l.Name)
+		}
+		lines[l.Name] = l
+	}
+	return lines
+}
+
+func newPrefix() string { return uniqueName("t") + ":" }
+
+func cfgJSON(cfg redlimit.Config) configJSON { return *toJSON(cfg) }
+
+// TestAdmin takes a limiter of each algorithm through every admin command.
+func TestAdmin(t *testing.T) {
+	ctx := context.Background()
+	eachServer(t, func(t *testing.T, s server) {
+		for _, alg := range algorithms {
+			t.Run(alg.name, func(t *testing.T) {
+				prefix := newPrefix()
+				code, _, stderr := s.command(t, prefix, "set", "api", "--rate", "10", "--per", "1h")
+				if code != exitUsage || !strings.Contains(stderr, "give the --algorithm its services use") {
+					t.Errorf("set on a new name without --algorithm: exit %d\n%s", code, stderr)
+				}
+				s.must(t, prefix, "set", "api", "--rate", "10", "--per", "1h", "--algorithm", alg.name)
+				l := alg.limiter(redlimit.New(s.rdb, redlimit.WithPrefix(prefix)), "api")
+				if ok, err := l.TryAcquire(ctx, 3); !ok || err != nil {
+					t.Fatalf("TryAcquire: %v %v", ok, err)
+				}
+
+				rep := s.get(t, prefix, "api")
+				want := cfgJSON(redlimit.PerHour(10))
+				if rep.Algorithm != alg.name || rep.Key != prefix+"{api}" || rep.Config == nil || *rep.Config != want || rep.TTLMS != -1 {
+					t.Errorf("get: %+v, config %+v", rep, rep.Config)
+				}
+				if u := rep.Usage; u == nil || u.Limit != 10 || u.Remaining != 7 || u.RetryAfterMS != 0 || u.ResetAfterMS <= 0 || u.ResetAfterMS > 3_600_000 {
+					t.Errorf("usage %+v, want 7 of 10 remaining", rep.Usage)
+				}
+				text := s.must(t, prefix, "get", "api")
+				for _, line := range []string{"algorithm  " + alg.name, "config     10 per 1h0m0s  (stored)", "expires    never", "remaining  7 of 10; a permit is free now; full again in"} {
+					if !strings.Contains(text, line) {
+						t.Errorf("get lacks %q:\n%s", line, text)
+					}
+				}
+				if got := s.ls(t, prefix); len(got) != 1 || got["api"].Algorithm != alg.name || got["api"].Config == nil || *got["api"].Config != want {
+					t.Errorf("ls: %+v", got)
+				}
+				if out := s.must(t, prefix, "ls"); strings.Join(strings.Fields(out), " ") != "api "+alg.name+" 10 per 1h0m0s" {
+					t.Errorf("ls: %q", out)
+				}
+
+				out := s.must(t, prefix, "set", "api", "--rate", "20", "--per", "1h", "--if-absent")
+				if cfg, err := l.Config(ctx); !strings.Contains(out, "keeps the config stored already: 10 per 1h0m0s") || err != nil || cfg != redlimit.PerHour(10) {
+					t.Errorf("set --if-absent on a stored config: %q; now %v %v", out, cfg, err)
+				}
+				s.must(t, prefix, "set", "--rate", "20", "--per", "1h", "api") // flags before or after NAME
+				if cfg, err := l.Config(ctx); err != nil || cfg != redlimit.PerHour(20) {
+					t.Errorf("after set: %v %v", cfg, err)
+				}
+				other := "funnel"
+				if alg.name == other {
+					other = "tokenbucket"
+				}
+				code, _, stderr = s.command(t, prefix, "set", "api", "--rate", "20", "--per", "1h", "--algorithm", other)
+				if code != exitFail || !strings.Contains(stderr, "api is a "+alg.name+" limiter, not a "+other+": delete it first") {
+					t.Errorf("set with another algorithm: exit %d\n%s", code, stderr)
+				}
+
+				s.must(t, prefix, "expire", "api", "10m")
+				if ttl := s.get(t, prefix, "api").TTLMS; ttl <= 590_000 || ttl > 600_000 {
+					t.Errorf("ttl after expire 10m: %dms", ttl)
+				}
+				s.must(t, prefix, "reset", "api")
+				if u := s.get(t, prefix, "api").Usage; u == nil || u.Remaining != 20 {
+					t.Errorf("after reset: %+v", u)
+				}
+
+				code, _, stderr = s.command(t, prefix, "delete", "api") // tests are not on a terminal
+				if code != exitUsage || !strings.Contains(stderr, "confirm with --yes") {
+					t.Errorf("delete without --yes: exit %d\n%s", code, stderr)
+				}
+				s.get(t, prefix, "api") // still there
+				s.must(t, prefix, "delete", "--yes", "api")
+				for _, args := range [][]string{{"get", "api"}, {"delete", "--yes", "api"}, {"reset", "api"}, {"expire", "api", "1m"}} {
+					code, _, stderr := s.command(t, prefix, args[0], args[1:]...)
+					if code != exitNotFound || !strings.Contains(stderr, `no limiter "api"`) {
+						t.Errorf("%v after delete: exit %d\n%s", args, code, stderr)
+					}
+				}
+				if keys := keysUnder(t, s.rdb, prefix); len(keys) != 0 {
+					t.Errorf("keys left: %v", keys)
+				}
+			})
+		}
+	})
+}
+
+// TestGetWritesNothing: get and ls leave every key as it was, byte for byte
+// and with the same expiry, for each algorithm, Overall and PerClient,
+// stored or on a default.
+func TestGetWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	eachServer(t, func(t *testing.T, s server) {
+		for _, alg := range algorithms {
+			for _, perClient := range []bool{false, true} {
+				for _, stored := range []bool{true, false} {
+					t.Run(fmt.Sprintf("%s/per-client=%v/stored=%v", alg.name, perClient, stored), func(t *testing.T) {
+						prefix := newPrefix()
+						cfg := redlimit.PerHour(10)
+						if perClient {
+							cfg.Type = redlimit.PerClient
+						}
+						for i, id := range []string{"alice", "bob"} {
+							l := alg.limiter(redlimit.New(s.rdb, redlimit.WithPrefix(prefix), redlimit.WithClientID(id)), "api")
+							if stored {
+								if err := l.SetRate(ctx, cfg); err != nil {
+									t.Fatal(err)
+								}
+							} else {
+								l = l.WithDefault(cfg)
+							}
+							if ok, err := l.TryAcquire(ctx, int64(3-i)); !ok || err != nil {
+								t.Fatalf("TryAcquire: %v %v", ok, err)
+							}
+						}
+						before := snapshot(t, s, prefix)
+
+						assume := []string{"--rate", "10", "--per", "1h"}
+						if perClient {
+							assume = append(assume, "--per-client")
+						}
+						rep := s.get(t, prefix, "api")
+						s.must(t, prefix, "get", "api")
+						assumed := s.get(t, prefix, "api", assume...)
+						s.must(t, prefix, "ls")
+						s.ls(t, prefix)
+
+						after := snapshot(t, s, prefix)
+						if len(before) == 0 || !maps(before, after) {
+							t.Errorf("keys changed:\nbefore %q\nafter  %q", before, after)
+						}
+
+						// What get saw.
+						if rep.Algorithm != alg.name {
+							t.Errorf("algorithm %q", rep.Algorithm)
+						}
+						if stored != (rep.Config != nil) || stored && *rep.Config != cfgJSON(cfg) {
+							t.Errorf("config %+v", rep.Config)
+						}
+						if !stored && (rep.Usage != nil || assumed.Assumed == nil || *assumed.Assumed != cfgJSON(cfg)) {
+							t.Errorf("without a stored config: usage %+v, assumed %+v", rep.Usage, assumed.Assumed)
+						}
+						if !perClient {
+							if u := assumed.Usage; u == nil || u.Remaining != 10-3-2 || len(assumed.Clients) != 0 {
+								t.Errorf("usage %+v, clients %+v: want 5 of 10 remaining", u, assumed.Clients)
+							}
+							return
+						}
+						want := []limitUsage{{Client: "alice", Limit: 10, Remaining: 7}, {Client: "bob", Limit: 10, Remaining: 8}}
+						if assumed.Usage != nil || len(assumed.Clients) != 2 {
+							t.Fatalf("usage %+v, clients %+v", assumed.Usage, assumed.Clients)
+						}
+						for i, c := range assumed.Clients {
+							if c.Client != want[i].Client || c.Limit != want[i].Limit || c.Remaining != want[i].Remaining || c.ResetAfterMS <= 0 {
+								t.Errorf("client %d: %+v, want %+v", i, c, want[i])
+							}
+						}
+						if !stored && (len(rep.Clients) != 2 || rep.Clients[0].Client != "alice" || rep.Clients[0].Limit != -1) {
+							t.Errorf("clients without a config: %+v", rep.Clients)
+						}
+					})
+				}
+			}
+		}
+	})
+}
+
+func maps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// snapshot reads every key under prefix: its type, contents and absolute
+// expiry. On a real server, DUMP gives the exact bytes and PEXPIRETIME the
+// expiry; miniredis dumps only strings, and its TTLs stand still unless a
+// test moves its clock, so PTTL is exact there.
+func snapshot(t *testing.T, s server, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	snap := map[string]string{}
+	for _, key := range keysUnder(t, s.rdb, prefix) {
+		typ := s.rdb.Type(ctx, key).Val()
+		var v string
+		switch typ {
+		case "string":
+			v = s.rdb.Get(ctx, key).Val()
+		case "hash":
+			h := s.rdb.HGetAll(ctx, key).Val()
+			v = fmt.Sprint(h) // fmt sorts map keys
+		case "zset":
+			v = fmt.Sprint(s.rdb.ZRangeWithScores(ctx, key, 0, -1).Val())
+		}
+		expiry := s.rdb.PTTL(ctx, key).Val().String()
+		if s.real {
+			v += " dump " + strconv.Quote(s.rdb.Dump(ctx, key).Val())
+			expiry = strconv.FormatInt(s.rdb.Do(ctx, "PEXPIRETIME", key).Val().(int64), 10)
+		}
+		snap[key] = typ + " " + v + " expiry " + expiry
+	}
+	return snap
+}
+
+// keysUnder lists the keys under prefix, on every primary of a Cluster.
+func keysUnder(t *testing.T, rdb redis.UniversalClient, prefix string) []string {
+	t.Helper()
+	ctx := context.Background()
+	var keys []string
+	var mu sync.Mutex // a Cluster's primaries are scanned concurrently
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, globEscape(prefix)+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, scan)
+	} else {
+		err = scan(ctx, rdb.(*redis.Client))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// TestLs: every kind of limiter ls should list, and the keys it should not.
+func TestLs(t *testing.T) {
+	ctx := context.Background()
+	eachServer(t, func(t *testing.T, s server) {
+		prefix := newPrefix()
+		client := redlimit.New(s.rdb, redlimit.WithPrefix(prefix), redlimit.WithClientID("host:1"))
+		stored := map[string]struct {
+			l   *redlimit.Limiter
+			cfg redlimit.Config
+		}{
+			"a":      {client.FixedWindow("a"), redlimit.PerHour(10)},
+			"b":      {client.SlidingWindow("b"), redlimit.Config{Rate: 5, Interval: time.Minute, Buckets: 6}},
+			"c":      {client.Funnel("c"), redlimit.Config{Type: redlimit.PerClient, Rate: 2, Interval: time.Second, Burst: 3}},
+			"d":      {client.TokenBucket("d"), redlimit.Config{Rate: 7, Interval: time.Hour, KeepAlive: 2 * time.Hour}},
+			"{g}:h":  {client.TokenBucket("{g}:h"), redlimit.PerHour(1)},
+			"user:1": {client.FixedWindow("user:1"), redlimit.PerMinute(60)},
+			"user:2": {client.FixedWindow("user:2"), redlimit.PerMinute(60)},
+		}
+		for _, x := range stored {
+			if err := x.l.SetRate(ctx, x.cfg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := x.l.TryAcquire(ctx, 1); err != nil { // state keys too: :value, :permits, :tat:host:1, :clients
+				t.Fatal(err)
+			}
+		}
+		// On a default: a fixed window counts in its hash, so ls shows it;
+		// a token bucket keeps no hash.
+		for _, l := range []*redlimit.Limiter{client.FixedWindow("e"), client.TokenBucket("f")} {
+			if _, err := l.WithDefault(redlimit.PerHour(3)).TryAcquire(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.rdb.HSet(ctx, prefix+"{junk}", "foo", "bar") // a hash that is no limiter's
+		s.rdb.Set(ctx, prefix+"{str}", "x", time.Hour)
+
+		got := s.ls(t, prefix)
+		names := slices.Sorted(func(yield func(string) bool) {
+			for n := range got {
+				if !yield(n) {
+					return
+				}
+			}
+		})
+		if want := []string{"a", "b", "c", "d", "e", "user:1", "user:2", "{g}:h"}; !slices.Equal(names, want) {
+			t.Errorf("ls: %q, want %q", names, want)
+		}
+		for name, x := range stored {
+			if l := got[name]; l.Config == nil || *l.Config != cfgJSON(x.cfg) || l.Key != x.l.Name() {
+				t.Errorf("%s: %+v, config %+v", name, l, l.Config)
+			}
+		}
+		if got["c"].Algorithm != "funnel" || got["b"].Algorithm != "sliding_window" || got["d"].Algorithm != "tokenbucket" {
+			t.Errorf("algorithms: %+v", got)
+		}
+		if e := got["e"]; e.Algorithm != "fixed_window" || e.Config != nil {
+			t.Errorf("e: %+v", e)
+		}
+		if out := s.must(t, prefix, "ls", "e"); !strings.Contains(out, "none stored (runs on its handles' default)") {
+			t.Errorf("ls e: %q", out)
+		}
+		// get finds the token bucket without a hash.
+		if rep := s.get(t, prefix, "f"); rep.Algorithm != "tokenbucket" || rep.Config != nil {
+			t.Errorf("get f: %+v", rep)
+		}
+
+		if got := s.ls(t, prefix, "user:*"); len(got) != 2 || got["user:1"].Name == "" || got["user:2"].Name == "" {
+			t.Errorf("ls user:*: %+v", got)
+		}
+		if got := s.ls(t, prefix, "--count", "1"); len(got) != 8 {
+			t.Errorf("ls --count 1: %d limiters, want 8", len(got))
+		}
+	})
+}
+
+// TestRedisson: a token bucket written by Redisson (its layout spelled out
+// byte for byte, as in the library's TestWeReadRedissons) shows and changes
+// like one of ours, and stays in Redisson's layout.
+func TestRedisson(t *testing.T) {
+	ctx := context.Background()
+	eachServer(t, func(t *testing.T, s server) {
+		name := uniqueName("redisson-")
+		now := s.rdb.Time(ctx).Val().UnixMilli()
+		member := func(id byte, permits uint32) string {
+			b := make([]byte, 21)
+			b[0] = 16
+			for i := 1; i <= 16; i++ {
+				b[i] = id
+			}
+			binary.LittleEndian.PutUint32(b[17:], permits)
+			return string(b)
+		}
+		s.rdb.HSet(ctx, name, "rate", "5", "interval", "10000", "type", "0", "keepAliveTime", "0")
+		s.rdb.Set(ctx, "{"+name+"}:value", "2", 0)
+		s.rdb.ZAdd(ctx, "{"+name+"}:permits",
+			redis.Z{Score: float64(now - 4000), Member: member(1, 2)},
+			redis.Z{Score: float64(now - 1000), Member: member(2, 1)})
+
+		rep := s.get(t, "", name)
+		if rep.Algorithm != "tokenbucket" || rep.Key != name || rep.Config == nil || *rep.Config != cfgJSON(redlimit.Per(5, 10*time.Second)) {
+			t.Errorf("get: %+v, config %+v", rep, rep.Config)
+		}
+		if u := rep.Usage; u == nil || u.Remaining != 2 || u.Limit != 5 || u.ResetAfterMS < 8000 || u.ResetAfterMS > 9000 {
+			t.Errorf("usage: %+v, want 2 of 5, full in 9s", rep.Usage)
+		}
+		if got := s.ls(t, "", name); got[name].Algorithm != "tokenbucket" || got[name].Config == nil || got[name].Config.Rate != 5 {
+			t.Errorf("ls: %+v", got)
+		}
+
+		s.must(t, "", "set", name, "--rate", "8", "--per", "10s")
+		want := map[string]string{"rate": "8", "interval": "10000", "type": "0", "keepAliveTime": "0"}
+		if h := s.rdb.HGetAll(ctx, name).Val(); !maps(h, want) {
+			t.Errorf("hash after set: %v, want Redisson's %v", h, want)
+		}
+		if u := s.get(t, "", name).Usage; u == nil || u.Remaining != 5 {
+			t.Errorf("after set: %+v, want 8-3 = 5", u)
+		}
+		s.must(t, "", "delete", "--yes", name)
+		if n := s.rdb.Exists(ctx, name, "{"+name+"}:value", "{"+name+"}:permits").Val(); n != 0 {
+			t.Errorf("%d keys left", n)
+		}
+	})
+}
+
+// TestDeleteAsks: on a terminal, delete asks and only "y" deletes.
+func TestDeleteAsks(t *testing.T) {
+	m := miniredis.RunT(t)
+	s := server{flags: []string{"--redis", "redis://" + m.Addr()}}
+	prefix := newPrefix()
+	s.must(t, prefix, "set", "api", "--rate", "1", "--per", "1s", "--algorithm", "funnel")
+	answer := "n\n"
+	saved := terminalInput
+	terminalInput = func() (io.Reader, bool) { return strings.NewReader(answer), true }
+	t.Cleanup(func() { terminalInput = saved })
+
+	code, stdout, _ := s.command(t, prefix, "delete", "api")
+	if code != exitFail || !strings.Contains(stdout, "Delete the funnel limiter api (key "+prefix+"{api}) and all its usage? [y/N] Nothing deleted.") || !m.Exists(prefix+"{api}") {
+		t.Errorf("answered n: exit %d %q", code, stdout)
+	}
+	answer = "y\n"
+	if code, stdout, _ := s.command(t, prefix, "delete", "api"); code != exitOK || m.Exists(prefix+"{api}") {
+		t.Errorf("answered y: exit %d %q", code, stdout)
+	}
+}
+
+func TestAdminCommandLine(t *testing.T) {
+	m := miniredis.RunT(t)
+	r := "redis://" + m.Addr()
+	tests := []struct {
+		args     []string
+		code     int
+		inOutput string
+	}{
+		{[]string{"get", "api"}, exitUsage, "name the Redis holding the limiters"},
+		{[]string{"get", "--redis", r}, exitUsage, "want one NAME, got 0"},
+		{[]string{"get", "--redis", r, "a", "b"}, exitUsage, "want one NAME, got 2"},
+		{[]string{"get", "--redis", r, "-h"}, exitOK, "It writes nothing"},
+		{[]string{"get", "--redis", r, "nope"}, exitNotFound, `no limiter "nope"`},
+		{[]string{"get", "--redis", r, "--json", "nope"}, exitNotFound, `no limiter "nope"`},
+		{[]string{"get", "--redis", r, "a{"}, exitUsage, "invalid limiter name"},
+		{[]string{"get", "--redis", "redis://127.0.0.1:1", "api"}, exitFail, "cannot reach"},
+		{[]string{"get", "--sentinel", "127.0.0.1:1", "api"}, exitUsage, "--sentinel and --master go together"},
+		{[]string{"ls", "--redis", r, "--cluster", "x:1"}, exitUsage, "cannot be used together"},
+		{[]string{"ls", "--redis", r, "a", "b"}, exitUsage, "want at most one PATTERN"},
+		{[]string{"ls", "--redis", r, "--count", "0"}, exitUsage, "--count 0"},
+		{[]string{"set", "--redis", r, "api", "--rate", "1"}, exitUsage, "invalid config"},
+		{[]string{"set", "--redis", r, "api"}, exitUsage, "want --rate and --per"},
+		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "leaky"}, exitUsage, `unknown algorithm "leaky"`},
+		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "fixed_window", "--burst", "5"}, exitUsage, "only a funnel has a burst"},
+		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--json"}, exitUsage, "flag provided but not defined: -json"},
+		{[]string{"expire", "--redis", r, "api"}, exitUsage, "want 2 arguments, got 1"},
+		{[]string{"expire", "--redis", r, "api", "0"}, exitUsage, "to delete, use redlimit delete"},
+		{[]string{"expire", "--redis", r, "api", "soon"}, exitUsage, `DURATION "soon"`},
+		{[]string{"expire", "--redis", r, "api", "1m"}, exitNotFound, `no limiter "api"`},
+		{[]string{"reset", "--redis", r, "--", "-api"}, exitNotFound, `no limiter "-api"`},
+		{[]string{"delete", "--redis", r, "--yes", "api"}, exitNotFound, `no limiter "api"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			code, stdout, stderr := runCommand(t, tt.args...)
+			if code != tt.code || !strings.Contains(stdout+stderr, tt.inOutput) {
+				t.Errorf("exit %d, want %d; output should contain %q:\n%s%s", code, tt.code, tt.inOutput, stdout, stderr)
+			}
+		})
+	}
+	m.Set("str", "x")
+	if code, _, stderr := runCommand(t, "get", "--redis", r, "str"); code != exitFail || !strings.Contains(stderr, "str is a string, not a limiter's hash") {
+		t.Errorf("get on a string: exit %d %s", code, stderr)
+	}
+}
+
+// TestAdminOnSentinel: the commands find the primary through the sentinels.
+func TestAdminOnSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a primary, a replica and three sentinels")
+	}
+	sen := redistest.StartSentinel(t)
+	s := server{flags: []string{"--sentinel", strings.Join(sen.SentinelAddrs(), ","), "--master", redistest.SentinelMaster}, rdb: sen.Client(t), real: true}
+	prefix := newPrefix()
+	s.must(t, prefix, "set", "api", "--rate", "4", "--per", "1m", "--algorithm", "sliding_window", "--buckets", "6")
+	if rep := s.get(t, prefix, "api"); rep.Config == nil || rep.Config.Buckets != 6 || rep.Usage == nil || rep.Usage.Remaining != 4 {
+		t.Errorf("get: %+v", rep)
+	}
+	if got := s.ls(t, prefix); len(got) != 1 || got["api"].Algorithm != "sliding_window" {
+		t.Errorf("ls: %+v", got)
+	}
+	s.must(t, prefix, "delete", "--yes", "api")
+}
