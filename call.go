@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -100,8 +103,8 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		n = req.ms
 	}
 	keys := l.keys
-	args := make([]any, 0, 13+len(req.clients))
-	args = append(args, req.op, now, n, l.clientID, id, c.retryWindowArg, l.source)
+	pooled := argsPool.Get().(*[]any)
+	args := append((*pooled)[:0], req.op, now, n, l.clientID, id, c.retryWindowArg, l.source)
 	args = append(args, l.config...)
 	if len(req.clients) > 0 {
 		keys = slices.Clone(keys)
@@ -110,8 +113,16 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 			args = append(args, other)
 		}
 	}
-	return c.run(ctx, l.alg.script, keys, args...)
+	reply, err := c.run(ctx, l.alg.script, keys, args...)
+	clear(args)
+	*pooled = args[:0]
+	argsPool.Put(pooled)
+	return reply, err
 }
+
+// argsPool recycles eval's argument slices: go-redis copies the arguments
+// into its command, so a slice is free again once the call returns.
+var argsPool = sync.Pool{New: func() any { s := make([]any, 0, 16); return &s }}
 
 // everyClient runs an op that must reach every client's keys. The script
 // checks the list against its registry of clients and names any missing, so
@@ -155,10 +166,12 @@ func missingClients(reply any) ([]string, bool) {
 	return missing, true
 }
 
+// parseResult reads decide's reply (scripts/common.lua): six integers in
+// one string, so that the client reads one value, not six.
 func parseResult(reply any) (Result, error) {
-	v, ok := reply.([]any)
+	s, ok := reply.(string)
 	var n [6]int64
-	if !ok || len(v) != len(n) || !integers(v, n[:]) {
+	if !ok || !spaced(s, n[:]) {
 		return Result{}, unexpected(reply)
 	}
 	return Result{
@@ -169,6 +182,26 @@ func parseResult(reply any) (Result, error) {
 		ResetAfter: micros(n[4]),
 		Window:     time.Duration(n[5]) * time.Millisecond,
 	}, nil
+}
+
+// spaced parses s as exactly len(n) integers separated by single spaces.
+func spaced(s string, n []int64) bool {
+	for i := range n {
+		field := s
+		if i < len(n)-1 {
+			at := strings.IndexByte(s, ' ')
+			if at < 0 {
+				return false
+			}
+			field, s = s[:at], s[at+1:]
+		}
+		x, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return false
+		}
+		n[i] = x
+	}
+	return true
 }
 
 // integers copies v into n, reporting whether every element was an integer.

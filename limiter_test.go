@@ -826,11 +826,12 @@ func TestTryAcquireWithin(t *testing.T) {
 }
 
 func TestReplyShapes(t *testing.T) {
-	for _, reply := range []any{nil, "x", int64(1), []any{}, []any{int64(1)}, []any{int64(1), int64(2), int64(3), int64(4), "5"}, []any{1.5, int64(2), int64(3), int64(4), int64(5)}} {
+	for _, reply := range []any{nil, "x", "", int64(1), []any{}, []any{int64(1)}, "1 2 3 4 5", "1 2 3 4 5 6 7", "1  2 3 4 5 6", "1 2 3 4 5 6 ", "1.5 2 3 4 5 6", "1 2 3 4 5 x",
+		[]any{int64(0), int64(10), int64(3), int64(-1), int64(1500), int64(60000)}} {
 		_, err := parseResult(reply)
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
 	}
-	r, err := parseResult([]any{int64(0), int64(10), int64(3), int64(-1), int64(1500), int64(60000)})
+	r, err := parseResult("0 10 3 -1 1500 60000")
 	require.NoError(t, err)
 	assert.Equal(t, Result{Limit: 10, Remaining: 3, RetryAfter: -1, ResetAfter: 1500 * time.Microsecond, Window: time.Minute}, r)
 	for _, reply := range []any{[]any{"missing"}, []any{"missing", "x"}, []any{"missing", []any{int64(1)}}} {

@@ -33,6 +33,9 @@ func newReport(ctx context.Context, e *env, o options) (*report, error) {
 		}
 	}
 	version, err := infoField(ctx, e.admin, "server", "redis_version")
+	if v, vErr := infoField(ctx, e.admin, "server", "valkey_version"); vErr == nil {
+		version = fmt.Sprintf("Valkey %s (redis_version %s)", v, version)
+	}
 	m := fmt.Sprintf("| CPU | %s, %d cores (shared by the Go client and redis-server) |\n", cpu, runtime.NumCPU()) +
 		fmt.Sprintf("| Go | %s, GOMAXPROCS %d |\n", runtime.Version(), runtime.GOMAXPROCS(0)) +
 		fmt.Sprintf("| go-redis | %s, default options (pool of %d connections, RESP3); AutoPipeliner: `rdb.AutoPipeline()` defaults |\n",

@@ -17,9 +17,9 @@ if op == 'allow' or op == 'release' then
     s = algorithm.load(cfg, KEYS[4], unpack(call(KEYS[4], 'HMGET', KEYS[4], unpack(fields)), 1, #fields))
   end
   local permits = ARGV[3] + 0
-  local reply = 0
+  local reply, reset = 0, 0
   if op == 'allow' then
-    reply = decide(cfg, s, permits)
+    reply, reset = decide(cfg, s, permits)
   elseif first_run() then
     reply = algorithm.release(cfg, s, permits)
   end
@@ -29,7 +29,7 @@ if op == 'allow' or op == 'release' then
     -- long as the state counts (a funnel whose burst drains slower).
     local ttl = cfg.keepalive
     if op == 'allow' and fields and cfg.type == 0 then
-      ttl = math.max(ttl, math.ceil(reply[5] / 1000))
+      ttl = math.max(ttl, math.ceil(reset / 1000))
     end
     redis.call('PEXPIRE', KEYS[1], ttl)
   end

@@ -205,10 +205,13 @@ local function first_run()
   return true
 end
 
--- decide is every algorithm's allow, on s, the state algorithm.load read:
--- {allowed, limit, remaining, retry after µs (-1: never), reset after µs,
--- window ms}, window being the span limit applies to: the interval, or the
--- time a funnel's burst takes to drain. Zero permits is a peek: it writes nothing.
+-- decide is every algorithm's allow, on s, the state algorithm.load read.
+-- It returns the reply, and the µs until the limiter is full again. The
+-- reply is 'allowed limit remaining retry reset window', six integers in one string
+-- (one reply value for the client to read, not six): allowed 0 or 1, retry
+-- after µs (-1: never), reset after µs, window ms, the span limit applies
+-- to: the interval, or the time a funnel's burst takes to drain. Zero
+-- permits is a peek: it writes nothing.
 local function decide(cfg, s, permits)
   local limit = cfg[algorithm.capacity]
   local allowed, retry = 0, 0
@@ -238,5 +241,5 @@ local function decide(cfg, s, permits)
   local remaining, reset = algorithm.report(cfg, s)
   if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
   local window = limit * cfg.interval / cfg.rate
-  return { allowed, limit, remaining, retry, reset, window + (-window) % 1 }
+  return string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window + (-window) % 1), reset
 end

@@ -89,13 +89,16 @@ function algorithm.wait(cfg, s, permits)
   return cfg.interval * 1000
 end
 
--- store writes the sub-windows that still count; ttl_us as save's. (Numbers
--- below 10^14 concatenate exactly.)
+-- store writes the sub-windows that still count; ttl_us as save's. Numbers
+-- below 10^14 concatenate exactly (Redis formats them with %.14g): starts in
+-- ms and their gaps do; a count may not.
 local function store(cfg, s, ttl_us)
   local counts, before = nil, 0
   for i = 1, #s.live, 3 do
     if s.live[i + 1] > 0 then
-      local entry = (s.live[i + 2] - before) .. ':' .. s.live[i + 1]
+      local count = s.live[i + 1]
+      if count >= 1e14 then count = string.format('%d', count) end
+      local entry = (s.live[i + 2] - before) .. ':' .. count
       if counts then counts = counts .. ',' .. entry else counts = entry end
       before = s.live[i + 2]
     end
