@@ -14,37 +14,34 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-// hammer runs callers goroutines acquiring one permit at a time from every
-// limiter until stop is closed, and returns the grants and every error seen.
-func hammer(ctx context.Context, limiters []*Limiter, callers int, stop <-chan struct{}) (granted *atomic.Int64, errs func() []error) {
+// hammerUntil runs callers goroutines acquiring one permit at a time from
+// every limiter until stop is closed, and returns the grants and every error
+// seen.
+func hammerUntil(ctx context.Context, limiters []*Limiter, callers int, stop <-chan struct{}) (granted *atomic.Int64, errs func() []error) {
 	granted = &atomic.Int64{}
 	var mu sync.Mutex
 	var seen []error
-	var wg sync.WaitGroup
-	for i := range callers {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ok, err := limiters[i%len(limiters)].TryAcquire(ctx, 1)
-				if err != nil {
-					mu.Lock()
-					seen = append(seen, err)
-					mu.Unlock()
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				if ok {
-					granted.Add(1)
-				}
-			}
-		})
-	}
+	wait := hammer(ctx, callers, func(g, _ int) bool {
+		select {
+		case <-stop:
+			return true
+		default:
+		}
+		ok, err := limiters[g%len(limiters)].TryAcquire(ctx, 1)
+		if err != nil {
+			mu.Lock()
+			seen = append(seen, err)
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			return false
+		}
+		if ok {
+			granted.Add(1)
+		}
+		return false
+	})
 	return granted, func() []error {
-		wg.Wait()
+		wait()
 		return seen
 	}
 }
@@ -64,7 +61,7 @@ func clusterChange(t *testing.T, change func(c *redistest.Cluster, slot int)) {
 		limiters = append(limiters, a.new(New(rdb), name).WithDefault(PerHour(rate)))
 	}
 	stop := make(chan struct{})
-	granted, errs := hammer(ctx, limiters, 32, stop)
+	granted, errs := hammerUntil(ctx, limiters, 32, stop)
 	time.Sleep(300 * time.Millisecond)
 	change(cluster, slot)
 	time.Sleep(500 * time.Millisecond)

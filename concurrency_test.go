@@ -108,13 +108,10 @@ type stampKey struct{}
 // timeHook runs each EVALSHA whose context carries a *stamp as MULTI, TIME,
 // EVALSHA, TIME, EXEC on the primary owning its keys, and stores both times.
 type timeHook struct {
+	passHook
 	nodeFor func(ctx context.Context, key string) (*redis.Client, error)
 }
 
-func (timeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (timeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		s, ok := ctx.Value(stampKey{}).(*stamp)
@@ -204,27 +201,23 @@ func runChild(spec childSpec) (*childReport, error) {
 		slowest   time.Duration
 	}
 	tallies := make([]tally, spec.Goroutines)
-	var wg sync.WaitGroup
-	for g := range tallies {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tl := &tallies[g]
-			for n := g; time.Now().UnixMicro() < spec.Stop; n++ {
-				i := n % len(limiters)
-				s := new(stamp)
-				began := time.Now()
-				r, err := limiters[i].Allow(context.WithValue(ctx, stampKey{}, s), 1)
-				tl.slowest = max(tl.slowest, time.Since(began))
-				if err != nil {
-					tl.errs = append(tl.errs, err)
-					continue
-				}
-				tl.decisions = append(tl.decisions, decision{i, r.Allowed, s.before, s.after, r.ResetAfter.Microseconds()})
-			}
-		}()
-	}
-	wg.Wait()
+	hammer(ctx, spec.Goroutines, func(g, n int) bool {
+		if time.Now().UnixMicro() >= spec.Stop {
+			return true
+		}
+		tl := &tallies[g]
+		i := (g + n) % len(limiters)
+		s := new(stamp)
+		began := time.Now()
+		r, err := limiters[i].Allow(context.WithValue(ctx, stampKey{}, s), 1)
+		tl.slowest = max(tl.slowest, time.Since(began))
+		if err != nil {
+			tl.errs = append(tl.errs, err)
+			return false
+		}
+		tl.decisions = append(tl.decisions, decision{i, r.Allowed, s.before, s.after, r.ResetAfter.Microseconds()})
+		return false
+	})()
 	tail := time.Since(time.UnixMicro(spec.Stop))
 
 	report := &childReport{Late: late, Tail: tail}

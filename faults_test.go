@@ -14,8 +14,6 @@ package redlimit
 import (
 	"bytes"
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -42,55 +40,36 @@ const (
 	faultTimeout  = 20 * time.Second
 )
 
-// wireCounter counts commands twice: as the library asks for them (ProcessHook,
-// which wraps a whole call, go-redis's retries included) and as they are
-// written to a socket (DialHook), where a command go-redis re-sends after a
-// read timeout or a broken connection shows up again.
+// wireCounter counts commands twice: as the library asks for them (its
+// commandLog, which sees a whole call, go-redis's retries included) and as
+// they are written to a socket (DialHook), where a command go-redis re-sends
+// after a read timeout or a broken connection shows up again.
 type wireCounter struct {
+	*commandLog
 	mu      sync.Mutex
-	asked   map[string]int // "evalsha <sha>", "eval", "script load <sha>", ...
-	written map[string]int // "evalsha <sha>", "eval"
+	written map[string]int // "evalsha", "evalsha <sha>", "eval"
 }
 
 func newWireCounter() *wireCounter {
-	return &wireCounter{asked: map[string]int{}, written: map[string]int{}}
+	return &wireCounter{commandLog: &commandLog{}, written: map[string]int{}}
 }
 
-func (w *wireCounter) count(m map[string]int, key string) {
-	w.mu.Lock()
-	m[key]++
-	w.mu.Unlock()
-}
-
-func (w *wireCounter) get(m map[string]int, key string) int {
+// write counts a command written, by name and, for EVALSHA, by script.
+func (w *wireCounter) write(name, script string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return m[key]
+	w.written[name]++
+	if script != "" {
+		w.written[script]++
+	}
 }
 
-func (w *wireCounter) sum(m map[string]int, prefix string) int {
+// wrote returns how many commands called name (or running the script name
+// says) were written.
+func (w *wireCounter) wrote(name string) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := 0
-	for k, v := range m {
-		if strings.HasPrefix(k, prefix) {
-			n += v
-		}
-	}
-	return n
-}
-
-func (w *wireCounter) ask(cmd redis.Cmder) {
-	args := cmd.Args()
-	key := cmd.Name()
-	switch {
-	case key == "evalsha" && len(args) > 1:
-		key += " " + fmt.Sprint(args[1])
-	case key == "script" && len(args) > 2 && strings.EqualFold(fmt.Sprint(args[1]), "load"):
-		sum := sha1.Sum([]byte(fmt.Sprint(args[2])))
-		key += " load " + hex.EncodeToString(sum[:])
-	}
-	w.count(w.asked, key)
+	return w.written[name]
 }
 
 func (w *wireCounter) DialHook(next redis.DialHook) redis.DialHook {
@@ -100,22 +79,6 @@ func (w *wireCounter) DialHook(next redis.DialHook) redis.DialHook {
 			return nil, err
 		}
 		return &countingConn{Conn: conn, w: w}, nil
-	}
-}
-
-func (w *wireCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		w.ask(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (w *wireCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			w.ask(cmd)
-		}
-		return next(ctx, cmds)
 	}
 }
 
@@ -138,10 +101,10 @@ func (c *countingConn) Write(p []byte) (int, error) {
 			break
 		}
 		rest = rest[i+len(respEvalSha):]
-		c.w.count(c.w.written, "evalsha "+string(rest[:40]))
+		c.w.write("evalsha", "evalsha "+string(rest[:40]))
 	}
 	for range bytes.Count(p, respEval) {
-		c.w.count(c.w.written, "eval")
+		c.w.write("eval", "")
 	}
 	return c.Conn.Write(p)
 }
@@ -209,34 +172,24 @@ func countingRuns(t *testing.T, c *Client) []*faultRun {
 // passes. It returns a wait for them all.
 func faultHammer(t *testing.T, runs []*faultRun, workers int, done func(r *faultRun, began, ended time.Time, ok bool, err error) bool) func() {
 	ctx, cancel := context.WithTimeout(context.Background(), faultTimeout)
-	var wg sync.WaitGroup
-	for _, r := range runs {
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for ctx.Err() == nil {
-					began := time.Now()
-					ok, err := r.limiter.TryAcquire(ctx, 1)
-					switch {
-					case err != nil:
-						r.fail(err)
-						time.Sleep(5 * time.Millisecond) // an outage: do not spin
-					case ok:
-						r.granted.Add(1)
-					default:
-						r.denied.Add(1)
-					}
-					if done(r, began, time.Now(), ok, err) {
-						return
-					}
-				}
-			}()
+	wait := hammer(ctx, len(runs)*workers, func(g, _ int) bool {
+		r := runs[g/workers]
+		began := time.Now()
+		ok, err := r.limiter.TryAcquire(ctx, 1)
+		switch {
+		case err != nil:
+			r.fail(err)
+			time.Sleep(5 * time.Millisecond) // an outage: do not spin
+		case ok:
+			r.granted.Add(1)
+		default:
+			r.denied.Add(1)
 		}
-	}
+		return done(r, began, time.Now(), ok, err)
+	})
 	return func() {
 		t.Helper()
-		wg.Wait()
+		wait()
 		defer cancel()
 		require.NoError(t, ctx.Err(), "the workers did not finish in %v", faultTimeout)
 	}
@@ -283,7 +236,7 @@ func (b *faultBed) warm(t *testing.T, runs []*faultRun) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, b.admin.ConfigResetStat(ctx).Err())
-	b.asked0, b.written0 = b.wire.sum(b.wire.asked, "evalsha"), b.wire.sum(b.wire.written, "evalsha")
+	b.asked0, b.written0 = b.wire.count("evalsha"), b.wire.wrote("evalsha")
 }
 
 // evalshas counts the EVALSHA since warm: asked for by the library, written
@@ -298,7 +251,7 @@ func (b *faultBed) evalshas(t *testing.T) (asked, written, ran int) {
 			require.NoError(t, err)
 		}
 	}
-	return b.wire.sum(b.wire.asked, "evalsha") - b.asked0, b.wire.sum(b.wire.written, "evalsha") - b.written0, ran
+	return b.wire.count("evalsha") - b.asked0, b.wire.wrote("evalsha") - b.written0, ran
 }
 
 func TestFaultScriptFlush(t *testing.T) {
@@ -316,14 +269,14 @@ func TestFaultScriptFlush(t *testing.T) {
 
 	assertExact(t, b.admin, runs)
 	for _, r := range runs {
-		loads := b.wire.get(b.wire.asked, "script load "+r.limiter.alg.script.sha)
+		loads := b.wire.count("script load " + r.limiter.alg.script.sha)
 		t.Logf("%s: %d grants, %d denials, %d SCRIPT LOAD", r.algo.name, r.granted.Load(), r.denied.Load(), loads)
 		// One load on the fresh server, then one per flush: callers that met
 		// NOSCRIPT together share one (Client.reload).
 		assert.Equal(t, 1+flushes, loads, "%s: reloaded once after each flush", r.algo.name)
 	}
-	assert.Zero(t, b.wire.get(b.wire.asked, "eval"), "the library never asks for EVAL")
-	assert.Zero(t, b.wire.get(b.wire.written, "eval"), "no EVAL was written to a socket")
+	assert.Zero(t, b.wire.count("eval"), "the library never asks for EVAL")
+	assert.Zero(t, b.wire.wrote("eval"), "no EVAL was written to a socket")
 }
 
 // The re-sent scripts of killed connections and stalls count once with
@@ -395,7 +348,7 @@ func TestFaultStall(t *testing.T) {
 	t.Logf("EVALSHA: %d asked, %d written (%d re-sent), %d run by the server (%d more than asked)", asked, written, written-asked, ran, ran-asked)
 	for _, r := range runs {
 		key := "evalsha " + r.limiter.alg.script.sha
-		resent := b.wire.get(b.wire.written, key) - b.wire.get(b.wire.asked, key)
+		resent := b.wire.wrote(key) - b.wire.count(key)
 		t.Logf("%s: %d grants, %d denials, %d EVALSHA re-sent", r.algo.name, r.granted.Load(), r.denied.Load(), resent)
 		assert.Positive(t, resent, "%s: go-redis re-sent scripts whose reply it did not read", r.algo.name)
 	}
@@ -473,7 +426,7 @@ func TestFaultRestart(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, []bool{true}, ok, "%s: the script was loaded again", r.algo.name)
 	}
-	assert.Zero(t, b.wire.get(b.wire.written, "eval"))
+	assert.Zero(t, b.wire.wrote("eval"))
 }
 
 func TestFaultUnreachable(t *testing.T) {
@@ -496,40 +449,49 @@ func TestFaultUnreachable(t *testing.T) {
 	outcomes := map[string][]outcome{}
 	var killedAt atomic.Int64 // Unix ns; 0 while Redis runs
 	var stop atomic.Bool
-	var wg sync.WaitGroup
 	names := map[string]Config{}
+	// One caller a goroutine: its limiter, kind and what its observer saw last.
+	type caller struct {
+		name   string
+		open   bool
+		l      *Limiter
+		last   Decision
+		called bool
+	}
+	var callers []*caller
 	for _, a := range algorithms {
 		name := uniqueName(t) + "-" + a.name
 		cfg := a.counting(capacity)
 		names[name] = cfg
 		for _, open := range []bool{false, true} {
 			for range workers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var last Decision
-					var called bool
-					opts := []Option{WithObserver(func(d Decision) { last, called = d, true })}
-					if open {
-						opts = append(opts, WithFailOpen())
-					}
-					l := a.new(New(b.rdb, opts...), name).WithDefault(cfg)
-					for !stop.Load() {
-						called = false
-						o := outcome{open: open, began: time.Now()}
-						o.ok, o.err = l.TryAcquire(context.Background(), 1)
-						o.seen, o.seenCalled = last, called
-						mu.Lock()
-						outcomes[name] = append(outcomes[name], o)
-						mu.Unlock()
-						if o.err != nil {
-							time.Sleep(5 * time.Millisecond)
-						}
-					}
-				}()
+				c := &caller{name: name, open: open}
+				opts := []Option{WithObserver(func(d Decision) { c.last, c.called = d, true })}
+				if open {
+					opts = append(opts, WithFailOpen())
+				}
+				c.l = a.new(New(b.rdb, opts...), name).WithDefault(cfg)
+				callers = append(callers, c)
 			}
 		}
 	}
+	wait := hammer(context.Background(), len(callers), func(g, _ int) bool {
+		if stop.Load() {
+			return true
+		}
+		c := callers[g]
+		c.called = false
+		o := outcome{open: c.open, began: time.Now()}
+		o.ok, o.err = c.l.TryAcquire(context.Background(), 1)
+		o.seen, o.seenCalled = c.last, c.called
+		mu.Lock()
+		outcomes[c.name] = append(outcomes[c.name], o)
+		mu.Unlock()
+		if o.err != nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return false
+	})
 	// count returns, per limiter, the calls of one kind matching f.
 	count := func(name string, f func(o outcome) bool) int {
 		mu.Lock()
@@ -568,7 +530,7 @@ func TestFaultUnreachable(t *testing.T) {
 		return true
 	}, faultTimeout, time.Millisecond)
 	stop.Store(true)
-	wg.Wait()
+	wait()
 
 	for name := range names {
 		var grants, closedDown, openDown int

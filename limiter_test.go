@@ -678,26 +678,6 @@ func TestAlgorithmMismatch(t *testing.T) {
 	})
 }
 
-// dupHook sends every EVALSHA twice, as go-redis does when it re-sends a
-// script after a read timeout: the script runs twice on the server.
-type dupHook struct{ sent *int }
-
-func (dupHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h dupHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "evalsha" {
-			*h.sent++
-			if err := next(ctx, cmd); err != nil {
-				return err
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-func (dupHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // With WithRetryWindow, a script go-redis re-sends counts once: each
 // limiter logs the ids of its grants and releases in one key, printable,
 // which Delete removes.
@@ -707,8 +687,8 @@ func TestResentScriptCountsOnce(t *testing.T) {
 		name := uniqueName(t)
 		dup := cloneClient(t, rdb)
 		t.Cleanup(func() { dup.Close() })
-		sent := 0
-		dup.AddHook(dupHook{&sent})
+		log := &commandLog{twice: true} // every script runs twice
+		dup.AddHook(log)
 		clk := newClock()
 		l := a.new(newClient(dup, clk, WithRetryWindow(15*time.Second)), name).WithDefault(tenPer10s)
 		for i := range 10 {
@@ -719,7 +699,7 @@ func TestResentScriptCountsOnce(t *testing.T) {
 		ok, err := l.TryAcquire(ctx, 1)
 		require.NoError(t, err)
 		assert.False(t, ok, "the 11th is denied: each grant was counted once")
-		assert.Positive(t, sent)
+		assert.Positive(t, log.count("evalsha"))
 
 		require.NoError(t, l.Release(ctx, 3))
 		n, err := l.AvailablePermits(ctx)
@@ -749,8 +729,8 @@ func TestResentScriptWithoutRetryWindow(t *testing.T) {
 		name := uniqueName(t)
 		dup := cloneClient(t, rdb)
 		t.Cleanup(func() { dup.Close() })
-		sent := 0
-		dup.AddHook(dupHook{&sent})
+		log := &commandLog{twice: true} // every script runs twice
+		dup.AddHook(log)
 		l := a.new(newClient(dup, newClock()), name).WithDefault(tenPer10s)
 		granted := 0
 		for range 10 {
@@ -761,7 +741,7 @@ func TestResentScriptWithoutRetryWindow(t *testing.T) {
 			}
 		}
 		assert.Equal(t, a.grantedTwice, granted, "each grant ran twice")
-		assert.GreaterOrEqual(t, sent, 10, "every script ran twice")
+		assert.GreaterOrEqual(t, log.count("evalsha"), 10, "every script ran twice")
 		assert.ElementsMatch(t, a.stateKeys(l.Name()), limiterKeys(t, rdb, name), "no key per grant")
 	})
 }

@@ -186,11 +186,11 @@ func TestScriptErrorKinds(t *testing.T) {
 // outageHook fails every command while down is set, as an unreachable Redis
 // does, and counts the commands that reached it.
 type outageHook struct {
+	passHook
 	down    atomic.Bool
 	reached atomic.Int64
 }
 
-func (*outageHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *outageHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.reached.Add(1)
@@ -201,9 +201,6 @@ func (h *outageHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return next(ctx, cmd)
 	}
-}
-func (*outageHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // The breaker's states, step by step on a controlled clock.

@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -15,48 +14,6 @@ import (
 
 	"github.com/redlimit/redlimit/internal/redistest"
 )
-
-// commandLog records the names of the commands a client sends.
-type commandLog struct {
-	mu    sync.Mutex
-	names []string
-}
-
-func (*commandLog) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *commandLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		name := cmd.Name()
-		if args := cmd.Args(); name == "script" && len(args) > 1 {
-			name += " " + strings.ToLower(fmt.Sprint(args[1]))
-		}
-		h.mu.Lock()
-		h.names = append(h.names, name)
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (*commandLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// count returns how many commands called name were sent.
-func (h *commandLog) count(name string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, sent := range h.names {
-		if sent == name {
-			n++
-		}
-	}
-	return n
-}
-
-func (h *commandLog) sent() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.names...)
-}
 
 func scriptFlush(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()

@@ -75,7 +75,7 @@ func TestScriptLossStaggered(t *testing.T) {
 		}
 		loadsBefore := log.count("script load")
 		stop := make(chan struct{})
-		granted, errs := hammer(ctx, limiters, callers, stop)
+		granted, errs := hammerUntil(ctx, limiters, callers, stop)
 		time.Sleep(20 * time.Millisecond)
 		for _, p := range primaries {
 			require.NoError(t, p.ScriptFlush(ctx).Err())
@@ -114,6 +114,7 @@ func TestScriptLossStaggered(t *testing.T) {
 // closed, so that other calls, loads and flushes can happen while it is on
 // its way; after a SCRIPT LOAD it runs afterLoad, if set, once.
 type holdHook struct {
+	passHook
 	held, release chan struct{}
 	once          sync.Once
 	afterLoad     func()
@@ -122,7 +123,6 @@ type holdHook struct {
 
 type holdKey struct{}
 
-func (*holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if cmd.Name() == "evalsha" && ctx.Value(holdKey{}) != nil {
@@ -137,9 +137,6 @@ func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return err
 	}
-}
-func (*holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // The two ways a retry met NOSCRIPT again, each played step by step on one

@@ -1,0 +1,116 @@
+package redlimit
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// passHook is a go-redis hook that lets everything through: a hook embeds
+// it and overrides what it acts on.
+type passHook struct{}
+
+func (passHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (passHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (passHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// commandLog is the tests' recording hook. It records every command a
+// client is asked for, pipelined ones too, as the library asks for it (a
+// whole call, go-redis's retries included): by name ("evalsha", "eval",
+// "script load", …) and, for a script, by the script it runs ("evalsha
+// SHA", "script load SHA"). With twice it sends every EVALSHA twice, as
+// go-redis does when it re-sends a script after a read timeout: the script
+// runs twice on the server.
+type commandLog struct {
+	passHook
+	twice bool
+
+	mu     sync.Mutex
+	names  []string
+	counts map[string]int // by name and by script
+}
+
+func (h *commandLog) record(cmd redis.Cmder) {
+	args := cmd.Args()
+	name, script := cmd.Name(), ""
+	switch {
+	case name == "evalsha" && len(args) > 1:
+		script = name + " " + fmt.Sprint(args[1])
+	case name == "script" && len(args) > 1:
+		name += " " + strings.ToLower(fmt.Sprint(args[1]))
+		if name == "script load" && len(args) > 2 {
+			sum := sha1.Sum([]byte(fmt.Sprint(args[2])))
+			script = name + " " + hex.EncodeToString(sum[:])
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.counts == nil {
+		h.counts = map[string]int{}
+	}
+	h.names = append(h.names, name)
+	h.counts[name]++
+	if script != "" {
+		h.counts[script]++
+	}
+}
+
+func (h *commandLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.record(cmd)
+		if h.twice && cmd.Name() == "evalsha" {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *commandLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.record(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// count returns how many commands called name (or running the script name
+// says) were asked for.
+func (h *commandLog) count(name string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.counts[name]
+}
+
+// sent returns the names of the commands asked for, in order.
+func (h *commandLog) sent() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.names...)
+}
+
+// hammer calls f from goroutines goroutines at once, each in a loop with its
+// index g and its count of calls n, until f says stop or ctx ends. wait
+// waits for them all.
+func hammer(ctx context.Context, goroutines int, f func(g, n int) (stop bool)) (wait func()) {
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for n := 0; ctx.Err() == nil; n++ {
+				if f(g, n) {
+					return
+				}
+			}
+		})
+	}
+	return wg.Wait
+}
