@@ -2,8 +2,6 @@ package httplimit_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -29,12 +27,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // windowStart is a minute boundary: fixed windows are aligned to the epoch.
 var windowStart = time.Unix(1_800_000_000, 0)
 
-// uniqueName keeps tests sharing one redis-server apart.
-func uniqueName(t *testing.T) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return "httplimit-test:" + t.Name() + ":" + hex.EncodeToString(b) + ":"
-}
+func uniqueName(t *testing.T) string { return redistest.UniqueName(t, "httplimit-test:") }
 
 var rateLimitFields = []string{"RateLimit-Policy", "RateLimit", "Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
 

@@ -1,6 +1,8 @@
 package redistest
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"sync"
 	"testing"
 	"time"
@@ -72,4 +74,12 @@ func EachBackend(t *testing.T, which Backends, f func(t *testing.T, connect func
 			f(t, func() redis.UniversalClient { return c.Client(t) })
 		})
 	}
+}
+
+// UniqueName keeps tests sharing one server apart: prefix, the test's name
+// and random hex, then a colon.
+func UniqueName(t testing.TB, prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + t.Name() + ":" + hex.EncodeToString(b) + ":"
 }
