@@ -429,6 +429,10 @@ func (r limiterReport) print(w io.Writer) {
 	}
 	tw.Flush()
 	if r.Usage == nil && (r.Config != nil || r.Assumed != nil) || len(r.Clients) > 0 {
+		if len(r.Clients) == 0 {
+			fmt.Fprintf(w, "\nNo client has usage (PerClient): every one has its full limit.\n")
+			return
+		}
 		fmt.Fprintf(w, "\n%d clients (PerClient):\n", len(r.Clients))
 		for _, c := range r.Clients {
 			if c.Limit < 0 {

@@ -581,10 +581,10 @@ func TestLsMillionKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	start := time.Now()
-	// Names of about 100 bytes: held all at once, n of them would weigh
-	// n × (100 + a 16-byte header), over 23 MB at 200,000.
+	// Names of about 200 bytes: held all at once, n of them would weigh
+	// n × (200 + a 16-byte header), over 43 MB at 200,000.
 	fill := redis.NewScript(`for i = ARGV[1], ARGV[2] do
-  redis.call('HSET', 'm:{' .. string.rep('n', 90) .. i .. '}', 'rate', '10', 'interval', '60000')
+  redis.call('HSET', 'm:{' .. string.rep('n', 190) .. i .. '}', 'rate', '10', 'interval', '60000')
 end
 return 1`)
 	for from := 1; from <= n; from += 50_000 {
@@ -597,41 +597,28 @@ return 1`)
 		t.Fatal(err)
 	}
 
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	base := ms.HeapAlloc
-	out := &lineCounter{firstLine: func() {
-		// The SCANs so far, when the first line comes out.
-		c := scanCalls(t, rdb)
-		scansAtFirstLine = &c
-	}}
+	// The live heap, measured from inside ls's writes: ls waits for them,
+	// so the collector sees what it holds, not what it is allocating.
+	liveHeap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	base := liveHeap()
 	var peak uint64
-	done, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				// What ls holds, not the garbage it leaves for the
-				// collector: that grows with what earlier tests left live.
-				runtime.GC()
-				var ms runtime.MemStats
-				runtime.ReadMemStats(&ms)
-				peak = max(peak, ms.HeapAlloc)
-			}
+	out := &lineCounter{every: n / 10, sample: func(lines int) {
+		if lines == 0 { // the SCANs so far, when the first line comes out
+			c := scanCalls(t, rdb)
+			scansAtFirstLine = &c
+			return
 		}
-	}()
+		peak = max(peak, liveHeap())
+	}}
 	scansAtFirstLine = nil
 	start = time.Now()
 	var errOut strings.Builder
 	code := run(ctx, []string{"ls", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, out, &errOut)
-	close(done)
-	<-sampled
 	elapsed := time.Since(start)
 	if code != exitOK || out.n != n {
 		t.Fatalf("exit %d, %d lines, want %d: %s", code, out.n, n, errOut.String())
@@ -682,16 +669,21 @@ func scanCalls(t *testing.T, rdb *redis.Client) int {
 	return n
 }
 
-// lineCounter counts the lines written to it, and keeps none.
+// lineCounter counts the lines written to it, and keeps none. It calls
+// sample before the first line, and whenever the count passes a multiple of every.
 type lineCounter struct {
-	n         int
-	firstLine func()
+	n, every int
+	sample   func(lines int)
 }
 
 func (c *lineCounter) Write(p []byte) (int, error) {
-	if c.n == 0 && c.firstLine != nil {
-		c.firstLine()
+	if c.n == 0 {
+		c.sample(0)
 	}
+	before := c.n
 	c.n += bytes.Count(p, []byte{'\n'})
+	if c.n/c.every > before/c.every {
+		c.sample(c.n)
+	}
 	return len(p), nil
 }
