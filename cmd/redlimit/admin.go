@@ -270,6 +270,8 @@ func toJSON(cfg redlimit.Config) *configJSON {
 func ms(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
 // limitUsage is what a peek (Allow with zero permits) says of one limit.
+// A PerClient client listed without a config stored or assumed has -1 in
+// every number: its usage cannot be computed without the rate.
 type limitUsage struct {
 	Client    string `json:"client,omitempty"` // PerClient only
 	Limit     int64  `json:"limit"`
