@@ -174,6 +174,14 @@ func faultHammer(t *testing.T, runs []*faultRun, workers int, done func(r *fault
 	ctx, cancel := context.WithTimeout(context.Background(), faultTimeout)
 	wait := hammer(ctx, len(runs)*workers, func(g, _ int) bool {
 		r := runs[g/workers]
+		if ahead(runs, r) {
+			// Runs keep pace, so that a fault injected at a share of the
+			// capacity (waitProgress) finds every run still acquiring: on
+			// two busy cores one limiter's workers can get the CPU long
+			// enough to use up their capacity while another's wait.
+			time.Sleep(time.Millisecond)
+			return false
+		}
 		began := time.Now()
 		ok, err := r.limiter.TryAcquire(ctx, 1)
 		switch {
@@ -193,6 +201,18 @@ func faultHammer(t *testing.T, runs []*faultRun, workers int, done func(r *fault
 		defer cancel()
 		require.NoError(t, ctx.Err(), "the workers did not finish in %v", faultTimeout)
 	}
+}
+
+// ahead reports whether r is more than a tenth of the capacity ahead of the
+// slowest run that has not finished.
+func ahead(runs []*faultRun, r *faultRun) bool {
+	granted := r.granted.Load()
+	for _, other := range runs {
+		if n := other.granted.Load(); n < faultCapacity && granted > n+faultCapacity/10 {
+			return true
+		}
+	}
+	return false
 }
 
 // untilDenied stops a worker at its first denial: with a counting config,
