@@ -55,11 +55,12 @@ func ceiling(name string, rdb redis.Scripter) *contender {
 }
 
 // shaped has the wire shape of a funnel's Allow with a default config: 4
-// keys, 13 arguments of the same types (boxed once, here), a reply of 5
-// integers: what go-redis costs for that, before the library does anything.
+// keys, 13 arguments of the same types (boxed once, here), a reply of six
+// integers in one string: what go-redis costs for that, before the library
+// does anything.
 func shaped(rdb redis.Scripter) *contender {
-	return evalsha("go-redis EvalSha, a funnel's wire shape (4 keys, 13 args, 5-integer reply)", rdb,
-		"return {1, 1000000, 999999, 0, 1000000}",
+	return evalsha("go-redis EvalSha, a funnel's wire shape (4 keys, 13 args, one-string reply)", rdb,
+		"return '1 1000000 999999 0 1000000 1000'",
 		func(n string) []string {
 			return []string{n, "{" + n + "}:clients", "{" + n + "}:requests", "{" + n + "}:tat:0123456789abcdef"}
 		},
