@@ -137,17 +137,13 @@ func TestFunnelMatchesModel(t *testing.T) {
 }
 
 func TestFunnelDrainsSmoothly(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		clk := newClock()
-		l := newClient(rdb, clk).Funnel(uniqueName(t)).WithDefault(Config{Rate: 10, Interval: 10 * time.Second, Burst: 3})
-		s := time.Second
-		runSteps(t, l, clk, []step{
-			{0, 3, true, 0, 0, 3 * s},
-			{0, 1, false, 0, 1 * s, 3 * s},
-			{500 * time.Millisecond, 1, false, 0, 500 * time.Millisecond, 2500 * time.Millisecond},
-			{1 * s, 1, true, 0, 0, 3 * s}, // one permit leaks out every second
-			{1 * s, 4, false, 0, -1, 3 * s},
-			{10 * s, 2, true, 1, 0, 2 * s},
-		})
+	s := time.Second
+	stepTable(t, (*Client).Funnel, Config{Rate: 10, Interval: 10 * time.Second, Burst: 3}, []step{
+		{0, 3, true, 0, 0, 3 * s},
+		{0, 1, false, 0, 1 * s, 3 * s},
+		{500 * time.Millisecond, 1, false, 0, 500 * time.Millisecond, 2500 * time.Millisecond},
+		{1 * s, 1, true, 0, 0, 3 * s}, // one permit leaks out every second
+		{1 * s, 4, false, 0, -1, 3 * s},
+		{10 * s, 2, true, 1, 0, 2 * s},
 	})
 }

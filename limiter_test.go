@@ -170,6 +170,46 @@ type step struct {
 	reset     time.Duration
 }
 
+// stepTable plays steps, on every backend, against a limiter newLimiter
+// makes with cfg as its default, on a fresh controlled clock.
+func stepTable(t *testing.T, newLimiter func(c *Client, name string) *Limiter, cfg Config, steps []step) {
+	stepsAcrossSetRate(t, newLimiter, cfg, steps, Config{}, nil)
+}
+
+// stepsAcrossSetRate is stepTable, then SetRate(next) unless next is zero,
+// then the steps after.
+func stepsAcrossSetRate(t *testing.T, newLimiter func(c *Client, name string) *Limiter, cfg Config, steps []step, next Config, after []step) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		clk := newClock()
+		l := newLimiter(newClient(rdb, clk), uniqueName(t)).WithDefault(cfg)
+		runSteps(t, l, clk, steps)
+		if next != (Config{}) {
+			require.NoError(t, l.SetRate(context.Background(), next))
+			runSteps(t, l, clk, after)
+		}
+	})
+}
+
+// eachUnprefixedBackend is eachBackend but for cluster-tagged, for tests
+// that spell out Redisson's key names.
+func eachUnprefixedBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		if _, ok := rdb.(prefixed); ok {
+			t.Skip("spells out Redisson's key names for unprefixed names")
+		}
+		f(t, rdb)
+	})
+}
+
+// ownServer starts a redis-server for this test alone, and returns an admin
+// client and a client for the limiters.
+func ownServer(t *testing.T) (admin, rdb *redis.Client) {
+	srv := redistest.Start(t)
+	rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return srv.Client(t), rdb
+}
+
 // run plays steps against l on clk, asserting every field of every Result.
 func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
 	t.Helper()

@@ -13,8 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // fillUntilOOM writes persistent 1 KiB keys (a cache whose keys never
@@ -86,10 +84,7 @@ func limiterDump(t *testing.T, admin *redis.Client, l *Limiter) map[string]strin
 func TestMemoryNoEviction(t *testing.T) {
 	ctx := context.Background()
 	clearOfHourEdge(t)
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	admin, rdb := ownServer(t)
 	closed, open := New(rdb), New(rdb, WithFailOpen())
 	cfg := PerHour(10)
 	type pair struct {
@@ -194,10 +189,7 @@ func TestMemoryEviction(t *testing.T) {
 			const rate = 100
 			ctx := context.Background()
 			clearOfHourEdge(t)
-			srv := redistest.Start(t)
-			admin := srv.Client(t)
-			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-			t.Cleanup(func() { rdb.Close() })
+			admin, rdb := ownServer(t)
 			client := New(rdb)
 
 			type run struct {

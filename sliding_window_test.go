@@ -13,39 +13,31 @@ import (
 )
 
 func TestSlidingWindowSteps(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		clk := newClock()
-		// 10 per 10s in 10 sub-windows of 1s.
-		l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
-		ms := time.Millisecond
-		runSteps(t, l, clk, []step{
-			{0, 4, true, 6, 0, 10000 * ms},        // sub-window 0 leaves the window at 10s
-			{9500 * ms, 6, true, 0, 0, 9500 * ms}, // sub-window 9 leaves at 19s
-			{9999 * ms, 1, false, 0, 1 * ms, 9001 * ms},
-			{10000 * ms, 5, false, 4, 9000 * ms, 9000 * ms}, // 5 need sub-window 9 gone
-			{10000 * ms, 4, true, 0, 0, 10000 * ms},
-			{18999 * ms, 1, false, 0, 1 * ms, 1001 * ms},
-			{19000 * ms, 6, true, 0, 0, 10000 * ms},
-			{20000 * ms, 0, true, 4, 0, 9000 * ms},
-			{29000 * ms, 0, true, 10, 0, 0},
-		})
+	ms := time.Millisecond
+	// 10 per 10s in 10 sub-windows of 1s.
+	stepTable(t, (*Client).SlidingWindow, tenPer10s, []step{
+		{0, 4, true, 6, 0, 10000 * ms},        // sub-window 0 leaves the window at 10s
+		{9500 * ms, 6, true, 0, 0, 9500 * ms}, // sub-window 9 leaves at 19s
+		{9999 * ms, 1, false, 0, 1 * ms, 9001 * ms},
+		{10000 * ms, 5, false, 4, 9000 * ms, 9000 * ms}, // 5 need sub-window 9 gone
+		{10000 * ms, 4, true, 0, 0, 10000 * ms},
+		{18999 * ms, 1, false, 0, 1 * ms, 1001 * ms},
+		{19000 * ms, 6, true, 0, 0, 10000 * ms},
+		{20000 * ms, 0, true, 4, 0, 9000 * ms},
+		{29000 * ms, 0, true, 10, 0, 0},
 	})
 }
 
 func TestSlidingWindowNeverGoesBack(t *testing.T) {
 	// A request whose clock is behind the newest sub-window is decided as of
 	// that sub-window and counted in it, so a later request still sees it.
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		clk := newClock()
-		l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
-		ms := time.Millisecond
-		runSteps(t, l, clk, []step{
-			{10000 * ms, 6, true, 4, 0, 10000 * ms},
-			{0, 4, true, 0, 0, 20000 * ms}, // counted in sub-window 10, not 0
-			{10000 * ms, 1, false, 0, 10000 * ms, 10000 * ms},
-			{19999 * ms, 1, false, 0, 1 * ms, 1 * ms},
-			{20000 * ms, 10, true, 0, 0, 10000 * ms},
-		})
+	ms := time.Millisecond
+	stepTable(t, (*Client).SlidingWindow, tenPer10s, []step{
+		{10000 * ms, 6, true, 4, 0, 10000 * ms},
+		{0, 4, true, 0, 0, 20000 * ms}, // counted in sub-window 10, not 0
+		{10000 * ms, 1, false, 0, 10000 * ms, 10000 * ms},
+		{19999 * ms, 1, false, 0, 1 * ms, 1 * ms},
+		{20000 * ms, 10, true, 0, 0, 10000 * ms},
 	})
 }
 
@@ -53,18 +45,11 @@ func TestSlidingWindowSetRateKeepsUsageAcrossIntervals(t *testing.T) {
 	// Fields are sub-window starts in ms: after a change to a longer interval
 	// the old grants fall in the new sub-window of their time, and age out
 	// with it.
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		clk := newClock()
-		l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
-		s := time.Second
-		runSteps(t, l, clk, []step{{5 * s, 6, true, 4, 0, 10 * s}})
-		require.NoError(t, l.SetRate(ctx, Per(10, 100*time.Second))) // sub-windows of 10s
-		runSteps(t, l, clk, []step{
-			{5 * s, 5, false, 4, 95 * s, 95 * s},
-			{5 * s, 4, true, 0, 0, 95 * s},
-			{100 * s, 10, true, 0, 0, 100 * s},
-		})
+	s := time.Second
+	stepsAcrossSetRate(t, (*Client).SlidingWindow, tenPer10s, []step{{5 * s, 6, true, 4, 0, 10 * s}}, Per(10, 100*time.Second), []step{ // sub-windows of 10s
+		{5 * s, 5, false, 4, 95 * s, 95 * s},
+		{5 * s, 4, true, 0, 0, 95 * s},
+		{100 * s, 10, true, 0, 0, 100 * s},
 	})
 }
 

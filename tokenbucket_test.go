@@ -32,23 +32,19 @@ func assertLogAgrees(t *testing.T, rdb redis.UniversalClient, l *Limiter, rate i
 
 // Redisson's testAcquisitionInterval: 2 permits per 5 seconds.
 func TestTokenBucketAcquisitionInterval(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		clk := newClock()
-		l := newClient(rdb, clk).TokenBucket(uniqueName(t)).WithDefault(Per(2, 5*time.Second))
-		ms := time.Millisecond
-		runSteps(t, l, clk, []step{
-			{0, 1, true, 1, 0, 5000 * ms},
-			{0, 1, true, 0, 0, 5000 * ms},
-			{0, 1, false, 0, 5000 * ms, 5000 * ms},
-			{4900 * ms, 1, false, 0, 100 * ms, 100 * ms},
-			{4999 * ms, 2, false, 0, 1 * ms, 1 * ms},
-			{5000 * ms, 1, true, 1, 0, 5000 * ms}, // a record at s is out once s <= now − interval
-			{5000 * ms, 2, false, 1, 5000 * ms, 5000 * ms},
-			{7000 * ms, 1, true, 0, 0, 5000 * ms},
-			{9999 * ms, 1, false, 0, 1 * ms, 2001 * ms},
-			{10000 * ms, 2, false, 1, 2000 * ms, 2000 * ms},
-			{12000 * ms, 2, true, 0, 0, 5000 * ms},
-		})
+	ms := time.Millisecond
+	stepTable(t, (*Client).TokenBucket, Per(2, 5*time.Second), []step{
+		{0, 1, true, 1, 0, 5000 * ms},
+		{0, 1, true, 0, 0, 5000 * ms},
+		{0, 1, false, 0, 5000 * ms, 5000 * ms},
+		{4900 * ms, 1, false, 0, 100 * ms, 100 * ms},
+		{4999 * ms, 2, false, 0, 1 * ms, 1 * ms},
+		{5000 * ms, 1, true, 1, 0, 5000 * ms}, // a record at s is out once s <= now − interval
+		{5000 * ms, 2, false, 1, 5000 * ms, 5000 * ms},
+		{7000 * ms, 1, true, 0, 0, 5000 * ms},
+		{9999 * ms, 1, false, 0, 1 * ms, 2001 * ms},
+		{10000 * ms, 2, false, 1, 2000 * ms, 2000 * ms},
+		{12000 * ms, 2, true, 0, 0, 5000 * ms},
 	})
 }
 
@@ -192,10 +188,7 @@ func redissonMember(id byte, permits uint32) string {
 }
 
 func TestRedissonReadsOurs(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		if _, ok := rdb.(prefixed); ok {
-			t.Skip("spells out Redisson's key names for unprefixed names")
-		}
+	eachUnprefixedBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		clk := newClock()
 		name := uniqueName(t)
@@ -225,10 +218,7 @@ func TestRedissonReadsOurs(t *testing.T) {
 }
 
 func TestWeReadRedissons(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		if _, ok := rdb.(prefixed); ok {
-			t.Skip("spells out Redisson's key names for unprefixed names")
-		}
+	eachUnprefixedBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		clk := newClock()
 		name := uniqueName(t)
