@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -70,11 +68,7 @@ func clientCall(ctx context.Context, conn *grpc.ClientConn, k kind, md ...string
 // costFromMetadata reads a call's permits from its outgoing x-cost metadata.
 func costFromMetadata(ctx context.Context, _ string, _ any) int64 {
 	md, _ := metadata.FromOutgoingContext(ctx)
-	n, err := strconv.ParseInt(strings.Join(md.Get("x-cost"), ""), 10, 64)
-	if err != nil {
-		return 1
-	}
-	return n
+	return cost(md.Get("x-cost"))
 }
 
 // TestClientWaits runs two instances of a caller, each with its own
@@ -105,11 +99,9 @@ func TestClientWaits(t *testing.T) {
 		}
 		startInstance := func() *grpc.ClientConn {
 			client := redlimit.New(newRDB(), redlimit.WithClock(now.Now), redlimit.WithObserver(observe))
-			return limitedCaller(t, addr, func(ctx context.Context, method string) *redlimit.Limiter {
-				if method == healthpb.Health_List_FullMethodName {
-					return nil // unlimited
-				}
-				return client.FixedWindow(name).WithDefault(cfg)
+			limiterFor := allButList(client, name, cfg)
+			return limitedCaller(t, addr, func(_ context.Context, method string) *redlimit.Limiter {
+				return limiterFor(method, "")
 			}, grpclimit.PermitsFunc(costFromMetadata))
 		}
 		instances := []*grpc.ClientConn{startInstance(), startInstance()}

@@ -2,8 +2,6 @@ package grpclimit_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"maps"
 	"net"
@@ -35,12 +33,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // windowStart is a minute boundary: fixed windows are aligned to the epoch.
 var windowStart = time.Unix(1_800_000_000, 0)
 
-// uniqueName keeps tests sharing one redis-server apart.
-func uniqueName(t *testing.T) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return "grpclimit-test:" + t.Name() + ":" + hex.EncodeToString(b) + ":"
-}
+func uniqueName(t *testing.T) string { return redistest.UniqueName(t, "grpclimit-test:") }
 
 // serve starts a gRPC server on a loopback port with the health service,
 // whose unary Check and List and server-streaming Watch stand for any
@@ -64,6 +57,27 @@ func dial(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// allButList limits every method of the health service but List (left
+// unlimited) with a fixed window called name plus the caller's key, with
+// cfg as its default.
+func allButList(client *redlimit.Client, name string, cfg redlimit.Config) func(method, key string) *redlimit.Limiter {
+	return func(method, key string) *redlimit.Limiter {
+		if method == healthpb.Health_List_FullMethodName {
+			return nil
+		}
+		return client.FixedWindow(name + key).WithDefault(cfg)
+	}
+}
+
+// cost reads the x-cost metadata: the permits a call asks for, 1 without it.
+func cost(xCost []string) int64 {
+	n, err := strconv.ParseInt(strings.Join(xCost, ""), 10, 64)
+	if err != nil {
+		return 1
+	}
+	return n
 }
 
 // limitedServer is serve with both server interceptors.
@@ -140,22 +154,13 @@ func TestServersShareOneLimit(t *testing.T) {
 		startInstance := func() *grpc.ClientConn {
 			client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 			admin = client
-			return limitedServer(t, func(method, key string) *redlimit.Limiter {
-				if method == healthpb.Health_List_FullMethodName {
-					return nil // unlimited
-				}
-				return client.FixedWindow(name + key).WithDefault(cfg)
-			},
+			return limitedServer(t, allButList(client, name, cfg),
 				grpclimit.Metadata("x-api-key"),
 				grpclimit.PermitsFunc(func(ctx context.Context, method string, req any) int64 {
 					if isUnary := method == healthpb.Health_Check_FullMethodName; isUnary != (req != nil) {
 						t.Errorf("%s: PermitsFunc given request %v", method, req)
 					}
-					n, err := strconv.ParseInt(strings.Join(metadata.ValueFromIncomingContext(ctx, "x-cost"), ""), 10, 64)
-					if err != nil {
-						return 1
-					}
-					return n
+					return cost(metadata.ValueFromIncomingContext(ctx, "x-cost"))
 				}),
 			)
 		}
