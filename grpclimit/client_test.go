@@ -2,7 +2,6 @@ package grpclimit_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -222,20 +221,13 @@ func TestClientErrors(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var mu sync.Mutex
-			var hooked []error
-			opts := append([]grpclimit.ClientOption{grpclimit.ErrorHook(func(_ context.Context, _ string, err error) {
-				mu.Lock()
-				defer mu.Unlock()
-				hooked = append(hooked, err)
-			})}, tt.opts...)
+			hooked := new(hookedErrors)
+			opts := append([]grpclimit.ClientOption{grpclimit.ErrorHook(hooked.hook)}, tt.opts...)
 			addr, reached := upstream(t)
 			conn := limitedCaller(t, addr, tt.limiterFor(client), opts...)
 
 			for _, k := range []kind{unary, stream} {
-				mu.Lock()
-				hooked = nil
-				mu.Unlock()
+				hooked.reset()
 				before := reached.Load()
 				ctx, cancel := context.WithCancel(context.Background())
 				if tt.cancel {
@@ -246,14 +238,7 @@ func TestClientErrors(t *testing.T) {
 				if st.Code() != tt.code || (reached.Load() > before) != tt.reached {
 					t.Errorf("%s: %v %q, reached upstream: %v; want %v, %v", k, st.Code(), st.Message(), reached.Load() > before, tt.code, tt.reached)
 				}
-				mu.Lock()
-				switch {
-				case tt.wantErr == nil && len(hooked) > 0:
-					t.Errorf("%s: hook got %v, want nothing", k, hooked)
-				case tt.wantErr != nil && (len(hooked) != 1 || !errors.Is(hooked[0], tt.wantErr)):
-					t.Errorf("%s: hook got %v, want one error matching %v", k, hooked, tt.wantErr)
-				}
-				mu.Unlock()
+				hooked.check(t, k, tt.wantErr)
 			}
 		})
 	}

@@ -80,6 +80,43 @@ func cost(xCost []string) int64 {
 	return n
 }
 
+// hookedErrors records what a grpclimit.ErrorHook is given.
+type hookedErrors struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (h *hookedErrors) hook(_ context.Context, _ string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.errs = append(h.errs, err)
+}
+
+func (h *hookedErrors) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.errs = nil
+}
+
+func (h *hookedErrors) get() []error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.errs)
+}
+
+// check reports, for the call k, unless the hook got nothing (want nil) or
+// one error matching want.
+func (h *hookedErrors) check(t *testing.T, k kind, want error) {
+	t.Helper()
+	hooked := h.get()
+	switch {
+	case want == nil && len(hooked) > 0:
+		t.Errorf("%s: hook got %v, want nothing", k, hooked)
+	case want != nil && (len(hooked) != 1 || !errors.Is(hooked[0], want)):
+		t.Errorf("%s: hook got %v, want one error matching %v", k, hooked, want)
+	}
+}
+
 // limitedServer is serve with both server interceptors.
 func limitedServer(t *testing.T, limiterFor func(method, key string) *redlimit.Limiter, opts ...grpclimit.Option) *grpc.ClientConn {
 	return dial(t, serve(t,
@@ -302,17 +339,12 @@ func TestServerErrors(t *testing.T) {
 			case "auth":
 				m.RequireAuth("secret")
 			}
-			var mu sync.Mutex
-			var hooked []error
-			opts := append([]grpclimit.Option{grpclimit.ErrorHook(func(_ context.Context, _ string, err error) {
-				mu.Lock()
-				defer mu.Unlock()
-				hooked = append(hooked, err)
-			})}, tt.opts...)
+			hooked := new(hookedErrors)
+			opts := append([]grpclimit.Option{grpclimit.ErrorHook(hooked.hook)}, tt.opts...)
 			conn := limitedServer(t, tt.limiterFor(redlimit.New(rdb, tt.clientOpts...)), opts...)
 
 			for _, k := range []kind{unary, stream} {
-				hooked = nil
+				hooked.reset()
 				got := call(t, conn, k)
 				if got.code != tt.code {
 					t.Errorf("%s: %v %q, want %v", k, got.code, got.msg, tt.code)
@@ -320,14 +352,7 @@ func TestServerErrors(t *testing.T) {
 				if len(got.fields) > 0 || got.retry != "" {
 					t.Errorf("%s: rate-limit fields %v, RetryInfo %q without a decision", k, got.fields, got.retry)
 				}
-				mu.Lock()
-				switch {
-				case tt.wantErr == nil && len(hooked) > 0:
-					t.Errorf("%s: hook got %v, want nothing", k, hooked)
-				case tt.wantErr != nil && (len(hooked) != 1 || !errors.Is(hooked[0], tt.wantErr)):
-					t.Errorf("%s: hook got %v, want one error matching %v", k, hooked, tt.wantErr)
-				}
-				mu.Unlock()
+				hooked.check(t, k, tt.wantErr)
 			}
 		})
 	}
@@ -342,13 +367,8 @@ func TestMisconfiguredRealRedis(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	client := redlimit.New(rdb)
 	name := uniqueName(t)
-	var hooked []error
-	var mu sync.Mutex
-	hook := grpclimit.ErrorHook(func(_ context.Context, _ string, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		hooked = append(hooked, err)
-	})
+	hookedErrs := new(hookedErrors)
+	hook := grpclimit.ErrorHook(hookedErrs.hook)
 	server := limitedServer(t, func(_, key string) *redlimit.Limiter {
 		return client.FixedWindow(name + key).WithDefault(redlimit.PerSecond(10))
 	}, grpclimit.FailOpen(true), hook)
@@ -370,8 +390,7 @@ func TestMisconfiguredRealRedis(t *testing.T) {
 	if n := reached.Load(); n != 0 {
 		t.Errorf("%d calls reached the upstream", n)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	hooked := hookedErrs.get()
 	if len(hooked) != 4 {
 		t.Errorf("hook got %v, want four ErrMisconfigured", hooked)
 	}
