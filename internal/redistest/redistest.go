@@ -375,19 +375,26 @@ func (s *Server) launchOnce(debugFlag bool) error {
 		)
 	}
 
+	return s.spawn("redis-server", args)
+}
+
+// spawn starts binary with args in s.dir, logging to LogPath, opens the
+// admin connection, registers s with Main and waits until the process
+// answers. s.mu must be held.
+func (s *Server) spawn(binary string, args []string) error {
 	logf, err := os.OpenFile(s.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "\n--- redistest: %s redis-server %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
-	cmd := exec.Command("redis-server", args...)
+	fmt.Fprintf(logf, "\n--- redistest: %s %s %s\n", time.Now().Format(time.RFC3339Nano), binary, strings.Join(args, " "))
+	cmd := exec.Command(binary, args...)
 	cmd.Dir = s.dir
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	err = startProcess(cmd)
 	logf.Close() // the child has its own copy
 	if err != nil {
-		return fmt.Errorf("starting redis-server: %w", err)
+		return fmt.Errorf("starting %s: %w", binary, err)
 	}
 	exited := make(chan struct{})
 	go func() {

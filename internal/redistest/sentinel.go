@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // SentinelMaster is the name the sentinels of a Sentinel know their primary
@@ -272,47 +270,7 @@ func (s *Server) launchSentinel(primaryPort int) error {
 		"--daemonize", "no",
 		"--logfile", "", // stdout, which goes to LogPath
 	}
-	logf, err := os.OpenFile(s.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(logf, "\n--- redistest: %s redis-sentinel %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
-	cmd := exec.Command("redis-sentinel", args...)
-	cmd.Dir = s.dir
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	err = startProcess(cmd)
-	logf.Close() // the child has its own copy
-	if err != nil {
-		return fmt.Errorf("starting redis-sentinel: %w", err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	s.cmd, s.exited = cmd, exited
-	s.admin = redis.NewClient(&redis.Options{
-		Addr:            s.Addr(),
-		Protocol:        2,
-		DisableIdentity: true,
-		MaxRetries:      -1,
-		DialTimeout:     time.Second,
-		DialerRetries:   1,
-		ReadTimeout:     cmdTimeout,
-		PoolSize:        2,
-		MaintNotificationsConfig: &maintnotifications.Config{
-			Mode: maintnotifications.ModeDisabled,
-		},
-	})
-	liveMu.Lock()
-	live[s] = struct{}{}
-	liveMu.Unlock()
-	if err := s.waitReady(); err != nil {
-		_ = s.kill()
-		return err
-	}
-	return nil
+	return s.spawn("redis-sentinel", args)
 }
 
 func waitFor(timeout time.Duration, cond func() error) error {
