@@ -382,6 +382,16 @@ func TestStackedPolicies(t *testing.T) {
 
 		const both = `"per-ip";q=5;w=60, "per-user";q=2;w=60`
 		reset := strconv.FormatInt(windowStart.Unix()+60, 10)
+		// fields are the headers of a response: both lists, Retry-After
+		// (none if ""), and the legacy ones.
+		fields := func(policy, rateLimit, retryAfter, limit, remaining string) map[string]string {
+			f := map[string]string{"RateLimit-Policy": policy, "RateLimit": rateLimit,
+				"X-RateLimit-Limit": limit, "X-RateLimit-Remaining": remaining, "X-RateLimit-Reset": reset}
+			if retryAfter != "" {
+				f["Retry-After"] = retryAfter
+			}
+			return f
+		}
 		steps := []struct {
 			at     time.Duration
 			user   string
@@ -389,28 +399,16 @@ func TestStackedPolicies(t *testing.T) {
 			fields map[string]string
 		}{
 			// per-user has fewer permits left: it binds.
-			{10 * time.Second, "alice", 200, map[string]string{
-				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=4;t=50, "per-user";r=1;t=50`,
-				"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": reset}},
-			{20 * time.Second, "alice", 200, map[string]string{
-				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=3;t=40, "per-user";r=0;t=40`,
-				"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+			{10 * time.Second, "alice", 200, fields(both, `"per-ip";r=4;t=50, "per-user";r=1;t=50`, "", "2", "1")},
+			{20 * time.Second, "alice", 200, fields(both, `"per-ip";r=3;t=40, "per-user";r=0;t=40`, "", "2", "0")},
 			// per-user denies; per-ip granted, and counted the request.
-			{30 * time.Second, "alice", 429, map[string]string{
-				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=2;t=30, "per-user";r=0;t=30`, "Retry-After": "30",
-				"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+			{30 * time.Second, "alice", 429, fields(both, `"per-ip";r=2;t=30, "per-user";r=0;t=30`, "30", "2", "0")},
 			// A tie (1 left each, same reset): the outer's fields stay.
-			{30 * time.Second, "bob", 200, map[string]string{
-				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=1;t=30, "per-user";r=1;t=30`,
-				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": reset}},
+			{30 * time.Second, "bob", 200, fields(both, `"per-ip";r=1;t=30, "per-user";r=1;t=30`, "", "5", "1")},
 			// per-ip has fewer left: it binds.
-			{40 * time.Second, "carol", 200, map[string]string{
-				"RateLimit-Policy": both, "RateLimit": `"per-ip";r=0;t=20, "per-user";r=1;t=20`,
-				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+			{40 * time.Second, "carol", 200, fields(both, `"per-ip";r=0;t=20, "per-user";r=1;t=20`, "", "5", "0")},
 			// per-ip denies: per-user never decides, so it is not reported.
-			{45 * time.Second, "dave", 429, map[string]string{
-				"RateLimit-Policy": `"per-ip";q=5;w=60`, "RateLimit": `"per-ip";r=0;t=15`, "Retry-After": "15",
-				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset}},
+			{45 * time.Second, "dave", 429, fields(`"per-ip";q=5;w=60`, `"per-ip";r=0;t=15`, "15", "5", "0")},
 		}
 		for i, step := range steps {
 			now.Set(windowStart.Add(step.at))
