@@ -10,7 +10,8 @@ import (
 // leaky bucket computed with GCRA, as redis-cell's CL.THROTTLE does: Burst
 // permits (0: Rate) fit in the funnel, which drains Rate permits per Interval,
 // one every Interval/Rate. Grants are spread evenly once the burst is spent.
-// Its state is one integer in one key, which expires when the funnel is empty.
+// Its state is one integer, a field of the limiter's hash (one hash per client
+// for PerClient), which expires when the funnel is empty.
 func (c *Client) Funnel(name string) *Limiter { return c.limiter(name, funnel) }
 
 var funnel = newAlgorithm(algorithm{name: "funnel", state: []string{"tat"}, inConfig: true, burst: true}, "funnel.lua")
