@@ -4,8 +4,7 @@ package redlimit
 // counter per window: at most Rate permits in each window of Interval, windows
 // aligned to the Unix epoch so that every instance agrees where one starts.
 // Cheapest of all (two integer fields of the limiter's hash), but up to
-// 2 × Rate can pass in one
-// Interval that straddles a window edge.
+// 2 × Rate can pass in one Interval that straddles a window edge.
 func (c *Client) FixedWindow(name string) *Limiter { return c.limiter(name, fixedWindow) }
 
 var fixedWindow = newAlgorithm(algorithm{name: "fixed_window", state: []string{"window"}, inConfig: true}, "fixed_window.lua")
