@@ -735,7 +735,7 @@ func TestKeepAliveWhileDenied(t *testing.T) {
 	for _, a := range algorithms {
 		t.Run(a.name, func(t *testing.T) {
 			t.Parallel()
-			l := a.new(newClient(rdb, newClock()), uniqueName(t))
+			l := a.limiter(t, rdb)
 			require.NoError(t, l.SetRate(ctx, Config{Rate: 1, Interval: time.Minute, KeepAlive: time.Minute}))
 			ok, err := l.TryAcquire(ctx, 1)
 			require.NoError(t, err)
@@ -753,7 +753,7 @@ func TestKeepAliveWhileDenied(t *testing.T) {
 		// less: a -race run on a loaded machine can stall a goroutine ~1s.)
 		t.Run(a.name+"/saturated", func(t *testing.T) {
 			t.Parallel()
-			l := a.new(newClient(rdb, newClock()), uniqueName(t))
+			l := a.limiter(t, rdb)
 			require.NoError(t, l.SetRate(ctx, Config{Rate: 1, Interval: 100 * time.Millisecond, KeepAlive: 2 * time.Second}))
 			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 				_, err := l.TryAcquire(ctx, 1)

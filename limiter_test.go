@@ -170,6 +170,37 @@ type step struct {
 	reset     time.Duration
 }
 
+// limiter is a limiter of this algorithm with a name of its own, on a
+// client deciding on a fresh controlled clock.
+func (a algo) limiter(t *testing.T, rdb redis.UniversalClient) *Limiter {
+	return a.new(newClient(rdb, newClock()), uniqueName(t))
+}
+
+// assertAvailable checks that l has want permits available.
+func assertAvailable(t *testing.T, l *Limiter, want int64, msgAndArgs ...any) {
+	t.Helper()
+	n, err := l.AvailablePermits(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, want, n, msgAndArgs...)
+}
+
+// inUse stores tenPer10s as l's rate, takes n permits, and returns l.
+func inUse(t *testing.T, l *Limiter, n int64) *Limiter {
+	t.Helper()
+	require.NoError(t, l.SetRate(context.Background(), tenPer10s))
+	_, err := l.Allow(context.Background(), n)
+	require.NoError(t, err)
+	return l
+}
+
+// assertConfig checks that l's config is want.
+func assertConfig(t *testing.T, l *Limiter, want Config, msgAndArgs ...any) {
+	t.Helper()
+	got, err := l.Config(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, want, got, msgAndArgs...)
+}
+
 // stepTable plays steps, on every backend, against a limiter newLimiter
 // makes with cfg as its default, on a fresh controlled clock.
 func stepTable(t *testing.T, newLimiter func(c *Client, name string) *Limiter, cfg Config, steps []step) {
@@ -239,9 +270,7 @@ func TestConfigPrecedence(t *testing.T) {
 		assert.Empty(t, limiterKeys(t, rdb, name), "a failed call writes nothing")
 
 		withDefault := l.WithDefault(Per(2, time.Minute))
-		cfg, err := withDefault.Config(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, Per(2, time.Minute), cfg)
+		assertConfig(t, withDefault, Per(2, time.Minute))
 		r, err := withDefault.Allow(ctx, 1)
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), r.Limit)
@@ -257,9 +286,7 @@ func TestConfigPrecedence(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, ok, "TrySetRate twice keeps the first")
 		for _, h := range []*Limiter{l, withDefault} {
-			cfg, err = h.Config(ctx)
-			require.NoError(t, err)
-			assert.Equal(t, tenPer10s, cfg, "the stored config wins over the default")
+			assertConfig(t, h, tenPer10s, "the stored config wins over the default")
 		}
 		r, err = withDefault.Allow(ctx, 0)
 		require.NoError(t, err)
@@ -270,12 +297,10 @@ func TestConfigPrecedence(t *testing.T) {
 func TestConfigRoundTrip(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		l := a.new(newClient(rdb, newClock()), uniqueName(t))
+		l := a.limiter(t, rdb)
 		want := a.tune(Config{Type: PerClient, Rate: 7, Interval: 3 * time.Second, KeepAlive: time.Hour}, 9, 3)
 		require.NoError(t, l.SetRate(ctx, want))
-		got, err := l.Config(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, want, got)
+		assertConfig(t, l, want)
 	})
 }
 
@@ -352,13 +377,10 @@ func TestBadInputLeavesStateUntouched(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
-		l := a.new(newClient(rdb, newClock()), name)
-		require.NoError(t, l.SetRate(ctx, tenPer10s))
-		_, err := l.Allow(ctx, 3)
-		require.NoError(t, err)
+		l := inUse(t, a.new(newClient(rdb, newClock()), name), 3)
 		before := snapshot(t, rdb, name)
 
-		_, err = l.Allow(ctx, -1)
+		_, err := l.Allow(ctx, -1)
 		assert.ErrorIs(t, err, ErrInvalidPermits)
 		_, err = l.TryAcquire(ctx, -5)
 		assert.ErrorIs(t, err, ErrInvalidPermits)
@@ -398,17 +420,13 @@ func TestBadInputLeavesStateUntouched(t *testing.T) {
 func TestRelease(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		l := a.new(newClient(rdb, newClock()), uniqueName(t)).WithDefault(tenPer10s)
+		l := a.limiter(t, rdb).WithDefault(tenPer10s)
 		_, err := l.Allow(ctx, 10)
 		require.NoError(t, err)
 		require.NoError(t, l.Release(ctx, 4))
-		n, err := l.AvailablePermits(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, int64(4), n)
+		assertAvailable(t, l, 4)
 		require.NoError(t, l.Release(ctx, 100))
-		n, err = l.AvailablePermits(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, int64(10), n, "release is capped at the limit")
+		assertAvailable(t, l, 10, "release is capped at the limit")
 		require.NoError(t, l.Release(ctx, 0))
 	})
 }
@@ -416,17 +434,13 @@ func TestRelease(t *testing.T) {
 func TestResetKeepsConfig(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		l := a.new(newClient(rdb, newClock()), uniqueName(t))
+		l := a.limiter(t, rdb)
 		require.NoError(t, l.SetRate(ctx, tenPer10s))
 		_, err := l.Allow(ctx, 8)
 		require.NoError(t, err)
 		require.NoError(t, l.Reset(ctx))
-		n, err := l.AvailablePermits(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, int64(10), n)
-		cfg, err := l.Config(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, tenPer10s, cfg)
+		assertAvailable(t, l, 10)
+		assertConfig(t, l, tenPer10s)
 	})
 }
 
@@ -435,7 +449,7 @@ func TestSetRateKeepsUsage(t *testing.T) {
 	// bucket keep the 6 permits; the funnel keeps the time they fill (6s of 10s).
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		l := a.new(newClient(rdb, newClock()), uniqueName(t))
+		l := a.limiter(t, rdb)
 		require.NoError(t, l.SetRate(ctx, tenPer10s))
 		_, err := l.Allow(ctx, 6)
 		require.NoError(t, err)
@@ -457,9 +471,7 @@ func TestSetRateKeepsUsage(t *testing.T) {
 			require.NoError(t, l.SetRate(ctx, tenPer10s))
 			_, _ = l.Allow(ctx, 1)
 		}
-		n, err := l.AvailablePermits(ctx)
-		require.NoError(t, err)
-		assert.Zero(t, n)
+		assertAvailable(t, l, 0)
 	})
 }
 
@@ -478,9 +490,7 @@ func TestTypeChangeClearsUsage(t *testing.T) {
 		}
 		require.NoError(t, y.SetRate(ctx, tenPer10s))
 		for _, l := range []*Limiter{x, y} {
-			n, err := l.AvailablePermits(ctx)
-			require.NoError(t, err)
-			assert.Equal(t, int64(10), n)
+			assertAvailable(t, l, 10)
 		}
 		assert.Equal(t, []string{x.Name()}, limiterKeys(t, rdb, name), "every client's keys are gone")
 	})
@@ -504,9 +514,7 @@ func TestPerClient(t *testing.T) {
 		}
 		require.NoError(t, x.Reset(ctx))
 		for _, l := range []*Limiter{x, y} {
-			n, err := l.AvailablePermits(ctx)
-			require.NoError(t, err)
-			assert.Equal(t, int64(2), n, "Reset clears every client")
+			assertAvailable(t, l, 2, "Reset clears every client")
 		}
 		for _, l := range []*Limiter{x, y} {
 			_, err := l.Allow(ctx, 1)
@@ -609,10 +617,7 @@ func TestDelete(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
-		l := a.new(newClient(rdb, newClock()), name)
-		require.NoError(t, l.SetRate(ctx, tenPer10s))
-		_, err := l.Allow(ctx, 2)
-		require.NoError(t, err)
+		l := inUse(t, a.new(newClient(rdb, newClock()), name), 2)
 		ok, err := l.Delete(ctx)
 		require.NoError(t, err)
 		assert.True(t, ok)
@@ -742,9 +747,7 @@ func TestResentScriptCountsOnce(t *testing.T) {
 		assert.Positive(t, log.count("evalsha"))
 
 		require.NoError(t, l.Release(ctx, 3))
-		n, err := l.AvailablePermits(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, int64(3), n, "a re-sent release gives back once")
+		assertAvailable(t, l, 3, "a re-sent release gives back once")
 
 		requests := keyOf(l.Name(), "requests")
 		ids := rdb.ZRange(ctx, requests, 0, -1).Val()
@@ -890,7 +893,7 @@ func TestRedisUnreachable(t *testing.T) {
 func TestResultWindow(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		l := a.new(newClient(rdb, newClock()), uniqueName(t)).WithDefault(PerMinute(6))
+		l := a.limiter(t, rdb).WithDefault(PerMinute(6))
 		r, err := l.Allow(ctx, 1)
 		require.NoError(t, err)
 		assert.Equal(t, time.Minute, r.Window)

@@ -47,9 +47,7 @@ func TestNoScriptReloads(t *testing.T) {
 		for _, name := range sent {
 			assert.NotEqual(t, "eval", name, "never EVAL: %v", sent)
 		}
-		n, err := l.AvailablePermits(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, int64(8), n)
+		assertAvailable(t, l, 8)
 	})
 }
 

@@ -230,9 +230,7 @@ func TestWeReadRedissons(t *testing.T) {
 			redis.Z{Score: float64(now - 1000), Member: redissonMember(2, 1)},
 		)
 		l := newClient(rdb, clk).TokenBucket(name)
-		cfg, err := l.Config(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, Per(5, 10*time.Second), cfg)
+		assertConfig(t, l, Per(5, 10*time.Second))
 		s := time.Second
 		runSteps(t, l, clk, []step{
 			{0, 0, true, 2, 0, 9 * s},
