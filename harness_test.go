@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"testing"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -35,6 +36,13 @@ type commandLog struct {
 	mu     sync.Mutex
 	names  []string
 	counts map[string]int // by name and by script
+}
+
+// recorded returns a new client to rdb's server(s) that records into log.
+func recorded(t *testing.T, rdb redis.UniversalClient, log *commandLog) redis.UniversalClient {
+	c := cloneClient(t, rdb)
+	c.AddHook(log)
+	return c
 }
 
 func (h *commandLog) record(cmd redis.Cmder) {

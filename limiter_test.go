@@ -434,10 +434,7 @@ func TestRelease(t *testing.T) {
 func TestResetKeepsConfig(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		l := a.limiter(t, rdb)
-		require.NoError(t, l.SetRate(ctx, tenPer10s))
-		_, err := l.Allow(ctx, 8)
-		require.NoError(t, err)
+		l := inUse(t, a.limiter(t, rdb), 8)
 		require.NoError(t, l.Reset(ctx))
 		assertAvailable(t, l, 10)
 		assertConfig(t, l, tenPer10s)
@@ -449,10 +446,7 @@ func TestSetRateKeepsUsage(t *testing.T) {
 	// bucket keep the 6 permits; the funnel keeps the time they fill (6s of 10s).
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		l := a.limiter(t, rdb)
-		require.NoError(t, l.SetRate(ctx, tenPer10s))
-		_, err := l.Allow(ctx, 6)
-		require.NoError(t, err)
+		l := inUse(t, a.limiter(t, rdb), 6)
 		for _, c := range []struct {
 			cfg  Config
 			want map[string]int64
@@ -730,10 +724,8 @@ func TestResentScriptCountsOnce(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
-		dup := cloneClient(t, rdb)
-		t.Cleanup(func() { dup.Close() })
 		log := &commandLog{twice: true} // every script runs twice
-		dup.AddHook(log)
+		dup := recorded(t, rdb, log)
 		clk := newClock()
 		l := a.new(newClient(dup, clk, WithRetryWindow(15*time.Second)), name).WithDefault(tenPer10s)
 		for i := range 10 {
@@ -770,10 +762,8 @@ func TestResentScriptWithoutRetryWindow(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
-		dup := cloneClient(t, rdb)
-		t.Cleanup(func() { dup.Close() })
 		log := &commandLog{twice: true} // every script runs twice
-		dup.AddHook(log)
+		dup := recorded(t, rdb, log)
 		l := a.new(newClient(dup, newClock()), name).WithDefault(tenPer10s)
 		granted := 0
 		for range 10 {

@@ -14,10 +14,8 @@ import (
 func TestLocalCacheFlood(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		counted := cloneClient(t, rdb)
-		t.Cleanup(func() { counted.Close() })
 		log := &commandLog{}
-		counted.AddHook(log)
+		counted := recorded(t, rdb, log)
 		clk := newClock()
 		name := uniqueName(t)
 		var cachedDecisions int
@@ -94,9 +92,8 @@ type cacheTwins struct {
 }
 
 func newCacheTwins(t *testing.T, rdb redis.UniversalClient, clk *clock) *cacheTwins {
-	counted := cloneClient(t, rdb)
 	log := &commandLog{}
-	counted.AddHook(log)
+	counted := recorded(t, rdb, log)
 	name := uniqueName(t)
 	return &cacheTwins{cached: newClient(counted, clk, WithLocalCache()), plain: newClient(rdb, clk), name: name, twin: name + "-twin", log: log}
 }

@@ -32,9 +32,8 @@ func scriptFlush(t *testing.T, rdb redis.UniversalClient) {
 func TestNoScriptReloads(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
-		logged := cloneClient(t, rdb)
 		log := &commandLog{}
-		logged.AddHook(log)
+		logged := recorded(t, rdb, log)
 		l := a.new(newClient(logged, newClock()), uniqueName(t)).WithDefault(tenPer10s)
 		for range 2 {
 			scriptFlush(t, rdb)
@@ -181,9 +180,8 @@ func TestReloadIsSingleFlight(t *testing.T) {
 			t.Skip("one server: a cluster loads every shard in one ScriptLoad")
 		}
 		ctx := context.Background()
-		logged := cloneClient(t, rdb)
 		log := &commandLog{}
-		logged.AddHook(log)
+		logged := recorded(t, rdb, log)
 		c := newClient(logged, newClock())
 		l := c.FixedWindow(uniqueName(t)).WithDefault(Per(1000, time.Minute))
 		_, err := l.Allow(ctx, 1) // loaded once

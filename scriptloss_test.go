@@ -49,9 +49,8 @@ func TestScriptLossStaggered(t *testing.T) {
 	ctx := context.Background()
 	primaries := primaryClients(t, rdb)
 	require.Len(t, primaries, 3)
-	logged := cloneClient(t, rdb)
 	log := &commandLog{}
-	logged.AddHook(log)
+	logged := recorded(t, rdb, log)
 	// One Client for every run, as in a service: its single-flight record of
 	// the last load carries over from one run's flushes to the next.
 	c := newClient(logged, newClock()) // the clock stands still: every permit counts
