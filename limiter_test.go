@@ -717,6 +717,13 @@ func TestAlgorithmMismatch(t *testing.T) {
 	})
 }
 
+// resending is a client to rdb's server(s) that runs every script twice, as
+// go-redis does when it re-sends one after a read timeout, and its log.
+func resending(t *testing.T, rdb redis.UniversalClient) (redis.UniversalClient, *commandLog) {
+	log := &commandLog{twice: true}
+	return recorded(t, rdb, log), log
+}
+
 // With WithRetryWindow, a script go-redis re-sends counts once: each
 // limiter logs the ids of its grants and releases in one key, printable,
 // which Delete removes.
@@ -724,8 +731,7 @@ func TestResentScriptCountsOnce(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
-		log := &commandLog{twice: true} // every script runs twice
-		dup := recorded(t, rdb, log)
+		dup, log := resending(t, rdb)
 		clk := newClock()
 		l := a.new(newClient(dup, clk, WithRetryWindow(15*time.Second)), name).WithDefault(tenPer10s)
 		for i := range 10 {
@@ -762,8 +768,7 @@ func TestResentScriptWithoutRetryWindow(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		name := uniqueName(t)
-		log := &commandLog{twice: true} // every script runs twice
-		dup := recorded(t, rdb, log)
+		dup, log := resending(t, rdb)
 		l := a.new(newClient(dup, newClock()), name).WithDefault(tenPer10s)
 		granted := 0
 		for range 10 {
