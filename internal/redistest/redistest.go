@@ -1,5 +1,6 @@
 // Package redistest starts throwaway redis-server processes, and a local
-// Redis Cluster, for tests.
+// Redis Cluster, for tests; and holds what the suites of every package share
+// to run on them: a controlled Clock, EachBackend and UniqueName.
 //
 // Everything listens on 127.0.0.1 only, keeps no data on disk and is killed
 // when the test (Start, StartCluster) or the test binary (Shared,
