@@ -36,6 +36,8 @@ type algo struct {
 	// stateKeys are the keys a limiter called name holds with a default
 	// config and some usage.
 	stateKeys func(name string) []string
+	// setState puts value where a limiter keeps its Overall state.
+	setState func(rdb redis.UniversalClient, l *Limiter, value string)
 	// corruptions are broken states of this algorithm's own keys, which the
 	// scripts must refuse as ErrCorruptState.
 	corruptions func(rdb redis.UniversalClient) []corruption
@@ -75,6 +77,10 @@ var (
 		counting:     countingWindow,
 		grantedTwice: 10,
 		stateKeys:    func(name string) []string { return []string{keyOf(name, "permits"), keyOf(name, "value")} },
+		setState: func(rdb redis.UniversalClient, l *Limiter, value string) {
+			rdb.Del(context.Background(), l.keys[3])
+			rdb.Set(context.Background(), l.keys[3], value, 0)
+		},
 		corruptions: func(rdb redis.UniversalClient) []corruption {
 			return []corruption{{"a record too short to hold a count (read as it ages out)", func(l *Limiter) {
 				rdb.ZAdd(context.Background(), l.keys[4], redis.Z{Score: float64(epoch.Add(-time.Minute).UnixMilli()), Member: "ab"})
@@ -128,6 +134,7 @@ var (
 		namesItself:  true,
 		grantedTwice: 5,
 		stateKeys:    func(name string) []string { return []string{name} },
+		setState:     inConfigHash("tat"),
 		corruptions:  func(redis.UniversalClient) []corruption { return nil },
 		breaches: func(cfg Config, grants []placed, _ func(i, j int) int64, report func(string, ...any) bool) {
 			// GCRA: any k grants span at least (k − burst) emission intervals.
@@ -167,6 +174,7 @@ var (
 		namesItself:  true,
 		grantedTwice: 5,
 		stateKeys:    func(name string) []string { return []string{name} },
+		setState:     inConfigHash("window"),
 		corruptions: func(rdb redis.UniversalClient) []corruption {
 			return []corruption{{"half a window", func(l *Limiter) { rdb.HDel(context.Background(), l.Name(), "count") }}}
 		},
@@ -205,6 +213,7 @@ var (
 		namesItself:  true,
 		grantedTwice: 5,
 		stateKeys:    func(name string) []string { return []string{name} },
+		setState:     inConfigHash("counts"),
 		corruptions: func(rdb redis.UniversalClient) []corruption {
 			return []corruption{{"a sub-window that is not a number", func(l *Limiter) { rdb.HSet(context.Background(), l.Name(), "counts", "x:1") }}}
 		},
@@ -265,6 +274,14 @@ var (
 // years, aligned to the epoch, so a test crosses an edge once a decade (the
 // next in December 2029).
 func countingWindow(capacity int64) Config { return Per(capacity, maxInterval) }
+
+// inConfigHash is setState for the algorithms whose Overall state is a field
+// of the config hash.
+func inConfigHash(field string) func(rdb redis.UniversalClient, l *Limiter, value string) {
+	return func(rdb redis.UniversalClient, l *Limiter, value string) {
+		rdb.HSet(context.Background(), l.Name(), field, value)
+	}
+}
 
 // slidingCells are the sliding window's sub-windows.
 func slidingCells(cfg Config) (int64, int64) {

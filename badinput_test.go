@@ -33,7 +33,7 @@ func TestBadInputTable(t *testing.T) {
 			}
 		}
 		state := func(value string) breaker {
-			return func(l *Limiter) { setOverallState(ctx, rdb, l, value) }
+			return func(l *Limiter) { a.setState(rdb, l, value) }
 		}
 		// A client's own state key of the wrong type (the funnel and the
 		// windows keep their Overall state in the config hash, whose wrong

@@ -669,7 +669,7 @@ func TestCorruptState(t *testing.T) {
 					rdb.SAdd(ctx, k, "x")
 				}
 			}, ErrCorruptState},
-			{"garbage state", func(_ string, l *Limiter) { setOverallState(ctx, rdb, l, "garbage") }, ErrCorruptState},
+			{"garbage state", func(_ string, l *Limiter) { a.setState(rdb, l, "garbage") }, ErrCorruptState},
 		} {
 			name := uniqueName(t)
 			cfg := tenPer10s
@@ -690,18 +690,6 @@ func TestCorruptState(t *testing.T) {
 			assert.Equal(t, before, snapshot(t, rdb, name), c.what)
 		}
 	})
-}
-
-// setOverallState puts value where l keeps its Overall state: the token
-// bucket's value key, or the first state field of the others' config hash.
-func setOverallState(ctx context.Context, rdb redis.UniversalClient, l *Limiter, value string) {
-	if l.alg.inConfig {
-		field := map[string]string{"funnel": "tat", "fixed_window": "window", "sliding_window": "counts"}[l.alg.name]
-		rdb.HSet(ctx, l.Name(), field, value)
-		return
-	}
-	rdb.Del(ctx, l.keys[3])
-	rdb.Set(ctx, l.keys[3], value, 0)
 }
 
 func TestAlgorithmMismatch(t *testing.T) {
