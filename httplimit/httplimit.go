@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
 // ErrNoKey: the request does not carry what its key is made of.
@@ -199,10 +200,11 @@ func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(htt
 	for _, opt := range opts {
 		opt.apply(&o)
 	}
-	if !printable(string(o.policy)) {
+	name, ok := ratelimitfields.Name(string(o.policy))
+	if !ok {
 		panic(fmt.Sprintf("httplimit: policy name %q is not printable ASCII", o.policy))
 	}
-	o.name = strconv.Quote(string(o.policy)) // for printable ASCII, Go's quoting is sf-string's
+	o.name = name
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d := Decision{Policy: string(o.policy)}
@@ -267,29 +269,22 @@ func (o *options) report(r *http.Request, err error) {
 }
 
 // setFields writes the rate-limit fields of one decision, after those of
-// any middleware the request passed through before. The effective window t
-// is when the limiter is full again (ResetAfter); on a denial it is the wait
-// (RetryAfter) instead, since the draft wants Retry-After to point no earlier
-// than the end of the effective window. A request for more than Limit gets no
-// Retry-After: no wait would help.
+// any middleware the request passed through before. A denial's Retry-After
+// is its effective window (the wait), since the draft wants Retry-After to
+// point no earlier than the end of the effective window. A request for more
+// than Limit gets no Retry-After: no wait would help.
 func (o *options) setFields(h http.Header, res redlimit.Result) {
-	window := res.ResetAfter
+	f := ratelimitfields.For(o.name, res)
 	if !res.Allowed && res.RetryAfter >= 0 {
-		window = res.RetryAfter
-		h.Set("Retry-After", strconv.FormatInt(ceilSeconds(window), 10))
+		h.Set("Retry-After", strconv.FormatInt(ratelimitfields.Seconds(f.Effective), 10))
 	}
-	limit, remaining := strconv.FormatInt(res.Limit, 10), strconv.FormatInt(res.Remaining, 10)
-	policy := o.name + ";q=" + limit
-	if res.Window > 0 {
-		policy += ";w=" + strconv.FormatInt(ceilSeconds(res.Window), 10)
-	}
-	appendItem(h, "RateLimit-Policy", policy)
-	appendItem(h, "RateLimit", o.name+";r="+remaining+";t="+strconv.FormatInt(ceilSeconds(window), 10))
+	appendItem(h, "RateLimit-Policy", f.Policy)
+	appendItem(h, "RateLimit", f.Limit)
 	if o.legacy {
-		reset := ceilSeconds(time.Duration(o.now().Add(window).UnixNano()))
+		reset := ratelimitfields.Seconds(time.Duration(o.now().Add(f.Effective).UnixNano()))
 		if binds(h, res, reset) {
-			h.Set("X-RateLimit-Limit", limit)
-			h.Set("X-RateLimit-Remaining", remaining)
+			h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
+			h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
 			h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
 		}
 	}
@@ -330,21 +325,4 @@ func tooManyRequests(w http.ResponseWriter, _ *http.Request) {
 
 func errorStatus(w http.ResponseWriter, _ *http.Request, status int, _ error) {
 	http.Error(w, http.StatusText(status), status)
-}
-
-// ceilSeconds rounds up to whole seconds, the only unit the fields allow.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-func printable(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
