@@ -5,11 +5,13 @@ go 1.26.8
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-20261123173320-a2e171857682
+	github.com/redlimit/redlimit v0.0.0-20261123182103-9ff9b0655b65
 )
 
 require (
+	github.com/alicebob/miniredis/v2 v2.40.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )

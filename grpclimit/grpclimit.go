@@ -26,8 +26,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -37,6 +35,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
 // The header metadata keys a server interceptor sets on every call it decides.
@@ -172,10 +171,11 @@ func newOptions(opts []Option) *options {
 	for _, opt := range opts {
 		opt.apply(o)
 	}
-	if !printable(string(o.policy)) {
+	name, ok := ratelimitfields.Name(string(o.policy))
+	if !ok {
 		panic(fmt.Sprintf("grpclimit: policy name %q is not printable ASCII", o.policy))
 	}
-	o.name = strconv.Quote(string(o.policy)) // for printable ASCII, Go's quoting is sf-string's
+	o.name = name
 	return o
 }
 
@@ -240,21 +240,9 @@ func (o *clientOptions) report(ctx context.Context, method string, err error) {
 }
 
 // fields are httplimit's RateLimit-Policy and RateLimit for one decision.
-// The effective window t is when the limiter is full again (ResetAfter); on
-// a denial it is the wait (RetryAfter) instead, as the draft wants.
 func (o *options) fields(res redlimit.Result) metadata.MD {
-	window := res.ResetAfter
-	if !res.Allowed && res.RetryAfter >= 0 {
-		window = res.RetryAfter
-	}
-	policy := o.name + ";q=" + strconv.FormatInt(res.Limit, 10)
-	if res.Window > 0 {
-		policy += ";w=" + strconv.FormatInt(ceilSeconds(res.Window), 10)
-	}
-	return metadata.Pairs(
-		PolicyKey, policy,
-		RateLimitKey, o.name+";r="+strconv.FormatInt(res.Remaining, 10)+";t="+strconv.FormatInt(ceilSeconds(window), 10),
-	)
+	f := ratelimitfields.For(o.name, res)
+	return metadata.Pairs(PolicyKey, f.Policy, RateLimitKey, f.Limit)
 }
 
 // denied is the status of a denied call: RetryInfo carries the exact wait,
@@ -269,21 +257,4 @@ func denied(res redlimit.Result) error {
 		st = withInfo
 	}
 	return st.Err()
-}
-
-// ceilSeconds rounds up to whole seconds, the only unit the fields allow.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-func printable(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
