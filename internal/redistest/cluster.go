@@ -85,9 +85,11 @@ func SharedCluster(t testing.TB) *Cluster {
 }
 
 // Addrs returns the "127.0.0.1:port" of every node, primaries and replicas.
-func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.nodes))
-	for i, n := range c.nodes {
+func (c *Cluster) Addrs() []string { return addrsOf(c.nodes) }
+
+func addrsOf(servers []*Server) []string {
+	addrs := make([]string, len(servers))
+	for i, n := range servers {
 		addrs[i] = n.Addr()
 	}
 	return addrs

@@ -72,13 +72,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 }
 
 // SentinelAddrs returns the "127.0.0.1:port" of the three sentinels.
-func (s *Sentinel) SentinelAddrs() []string {
-	addrs := make([]string, len(s.sentinels))
-	for i, n := range s.sentinels {
-		addrs[i] = n.Addr()
-	}
-	return addrs
-}
+func (s *Sentinel) SentinelAddrs() []string { return addrsOf(s.sentinels) }
 
 // Client returns a go-redis failover client with default options, seeded
 // with the sentinels, closed in t.Cleanup.
