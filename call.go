@@ -71,10 +71,15 @@ var (
 	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
 	opClients                                     any = "clients"
 
-	sourceNone, sourceDefault, sourceNew, sourceFixed any = "", "default", "new", "fixed"
+	noArg any = ""
+)
 
-	noArg    any = ""
-	noConfig     = []any{noArg, noArg, noArg, noArg, noArg, noArg}
+// Where the config a script is given comes from (ARGV[5]).
+const (
+	sourceNone    = ""        // the stored one only
+	sourceDefault = "default" // WithDefault: the handle's while none is stored
+	sourceFixed   = "fixed"   // Throttle's, whatever is stored
+	sourceNew     = "new"     // SetRate's, about to be stored
 )
 
 // eval runs the limiter's script once: the one road from every method to
@@ -104,8 +109,12 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	}
 	keys := l.keys
 	pooled := argsPool.Get().(*[]any)
-	args := append((*pooled)[:0], req.op, now, n, l.clientID, id, c.retryWindowArg, l.source)
-	args = append(args, l.config...)
+	args := append((*pooled)[:0], req.op, now, n, l.clientID, l.config)
+	// Every argument costs Redis about as much as a small command: a
+	// decision that neither records nor logs its id goes without ARGV[6 .. 7].
+	if id != noArg || c.retryWindow > 0 || req.op != opAllow {
+		args = append(args, id, c.retryWindowArg)
+	}
 	if len(req.clients) > 0 {
 		keys = slices.Clone(keys)
 		for _, other := range req.clients {

@@ -136,9 +136,10 @@ func (c Config) validate() error {
 	return nil
 }
 
-// args encodes c for the scripts, in the order scripts/common.lua reads
-// them (ARGV[8 .. 13]). Zero Burst and Buckets go as they are: the scripts
-// apply the defaults, so Config reads back what was set.
-func (c Config) args() []any {
-	return []any{c.Rate, c.Interval.Milliseconds(), int64(c.Type), c.Burst, int64(c.Buckets), c.KeepAlive.Milliseconds()}
+// arg encodes c for the scripts as ARGV[5] (scripts/common.lua): source,
+// then the fields, space-separated. Zero Burst and Buckets go as they are:
+// the scripts apply the defaults, so Config reads back what was set.
+func (c Config) arg(source string) string {
+	return fmt.Sprintf("%s %d %d %d %d %d %d", source, c.Rate, c.Interval.Milliseconds(), c.Type, c.Burst, c.Buckets,
+		c.KeepAlive.Milliseconds())
 }

@@ -39,7 +39,7 @@ type algorithm struct {
 // newAlgorithm gives a its script: scripts/common.lua, file and
 // scripts/admin.lua, for the algorithm stored as a.name.
 func newAlgorithm(a algorithm, file string) algorithm {
-	a.script = newScript(a.name, file, len(a.state))
+	a.script = newScript(a, file)
 	return a
 }
 
@@ -73,17 +73,18 @@ type Limiter struct {
 	denialKey string   // in the local cache of denials
 	// The config the scripts are given: sourceNone (the stored one only),
 	// sourceDefault (WithDefault: dflt while none is stored), sourceFixed
-	// (Throttle's, whatever is stored) or sourceNew (SetRate's), as ARGV.
-	source any
-	config []any
+	// (Throttle's, whatever is stored) or sourceNew (SetRate's); config is
+	// ARGV[5], source and config in one string (Config.arg).
+	source string
+	config any
 	dflt   Config
 	err    error
 }
 
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	full := fullName(c.prefix, name)
-	l := &Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, source: sourceNone, config: noConfig,
-		denialKey: denialKey(alg.name+":"+full, sourceNone, nil)}
+	l := &Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, source: sourceNone, config: noArg,
+		denialKey: denialKey(alg.name+":"+full, "")}
 	if err := validName(name, full); err != nil {
 		l.err = err
 		return l
@@ -194,11 +195,12 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 }
 
 // withConfig returns a handle whose calls give the scripts cfg, as source says.
-func (l *Limiter) withConfig(source any, cfg Config) *Limiter {
+func (l *Limiter) withConfig(source string, cfg Config) *Limiter {
 	d := *l
-	d.source, d.config = source, cfg.args()
+	arg := cfg.arg(source)
+	d.source, d.config = source, arg
 	limiter, _ := splitDenialKey(l.denialKey)
-	d.denialKey = denialKey(limiter, source, d.config)
+	d.denialKey = denialKey(limiter, arg)
 	return &d
 }
 

@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,11 +47,8 @@ type denial struct {
 // denialKey names one way of deciding a limiter: limiter, then a NUL (which
 // the decision part never holds, so the last NUL splits them whatever the
 // name holds), then the config source and config the script is given.
-func denialKey(limiter string, source any, config []any) string {
-	if config == nil {
-		return limiter + "\x00" + fmt.Sprint(source)
-	}
-	return limiter + "\x00" + fmt.Sprint(source, config)
+func denialKey(limiter, config string) string {
+	return limiter + "\x00" + config
 }
 
 func splitDenialKey(key string) (limiter, decision string) {

@@ -220,12 +220,12 @@ func TestLocalCacheDefaults(t *testing.T) {
 func TestLocalCacheSweep(t *testing.T) {
 	d := &denials{}
 	denied := Result{Limit: 1, RetryAfter: time.Second}
-	gone := denialKey("funnel:gone", sourceNone, nil)
+	gone := denialKey("funnel:gone", sourceNone)
 	d.store(gone, 1, denied, epoch)
 	later := epoch.Add(2 * time.Second) // past gone's RetryAfter
-	kept := denialKey("funnel:kept", sourceDefault, []any{int64(1)})
+	kept := denialKey("funnel:kept", Config{Rate: 1, Interval: time.Second}.arg(sourceDefault))
 	for i := range sweepEvery - 2 {
-		d.store(denialKey(fmt.Sprint("funnel:", i), sourceNone, nil), 1, Result{Limit: 1, RetryAfter: time.Hour}, later)
+		d.store(denialKey(fmt.Sprint("funnel:", i), sourceNone), 1, Result{Limit: 1, RetryAfter: time.Hour}, later)
 	}
 	_, ok := d.m.Load("funnel:gone")
 	require.True(t, ok, "no sweep before the %dth store", sweepEvery)

@@ -17,29 +17,59 @@ import (
 //go:embed scripts/*.lua
 var scriptFiles embed.FS
 
-// script is one algorithm's Lua: a header naming it, scripts/common.lua, the
-// algorithm's own file and scripts/admin.lua. It is the only place that talks
-// to Redis.
+// script is one algorithm's Lua: a header describing it, then
+// scripts/common.lua and scripts/admin.lua with the sections of the
+// algorithm's own file pasted in. It is the only place that talks to Redis.
 type script struct {
 	name string
 	src  string
 	sha  string
 }
 
-// newScript assembles the script of the algorithm stored as name, whose
-// arithmetic is in file and whose state takes stateKeys keys per client.
-func newScript(name, file string, stateKeys int) *script {
-	read := func(name string) string {
-		b, err := scriptFiles.ReadFile("scripts/" + name)
-		if err != nil {
-			panic(err) // embedded at build time: cannot happen
-		}
-		return string(b)
-	}
-	header := fmt.Sprintf("local ALGORITHM, N = '%s', %d\n", name, stateKeys)
-	src := header + read("common.lua") + read(file) + read("admin.lua")
+// newScript assembles the script of a, whose sections are in file.
+func newScript(a algorithm, file string) *script {
+	header := fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS = '%s', %d, %t, %t\n",
+		a.name, len(a.state), a.inConfig, a.records)
+	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file))
 	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:])}
+	return &script{name: a.name, src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+func readScript(name string) string {
+	b, err := scriptFiles.ReadFile("scripts/" + name)
+	if err != nil {
+		panic(err) // embedded at build time: cannot happen
+	}
+	return string(b)
+}
+
+// paste puts each section of an algorithm's file (the lines after a line
+// --[[@name]], up to the next such line) where the skeleton names it with
+// --[[@name]], on a line of its own or within one. A section without a
+// place, or a place without a section, is a mistake in the scripts: newScript
+// runs as the package starts, so it panics then.
+func paste(skeleton, algorithm string) string {
+	sections := map[string]string{}
+	name := ""
+	for line := range strings.Lines(algorithm) {
+		if marker, ok := strings.CutPrefix(strings.TrimSpace(line), "--[[@"); ok && strings.HasSuffix(marker, "]]") {
+			name = strings.TrimSuffix(marker, "]]")
+			sections[name] = ""
+		} else if name != "" {
+			sections[name] += line
+		}
+	}
+	for name, text := range sections {
+		marker := "--[[@" + name + "]]"
+		if !strings.Contains(skeleton, marker) {
+			panic("redlimit: no place for section " + marker)
+		}
+		skeleton = strings.ReplaceAll(skeleton, marker, strings.TrimSuffix(text, "\n"))
+	}
+	if at := strings.Index(skeleton, "--[[@"); at >= 0 {
+		panic("redlimit: no section for " + skeleton[at:at+strings.IndexByte(skeleton[at:], ']')+2])
+	}
+	return skeleton
 }
 
 // run executes s: the one road from every method to Redis. With WithBreaker,

@@ -1,47 +1,80 @@
--- Dispatch. Decisions return at once; the admin ops' helpers below are only
--- created when one is asked for.
+-- Everything but a decision: the ops that read or change a limiter as a
+-- whole, and the diagnosis of a config the decision refused. Nothing here is
+-- created on a decision's path.
 
-local op = ARGV[1]
-if op == 'allow' or op == 'release' then
-  local cfg, f = config()
-  local fields, s = algorithm.fields, nil
-  if not fields then
-    local keys = {}
-    for i = 1, N do
-      keys[i] = KEYS[3 + cfg.type * N + i]
-    end
-    s = algorithm.load(cfg, keys)
-  elseif cfg.type == 0 then
-    s = algorithm.load(cfg, KEYS[1], unpack(f, 8, 7 + #fields))
+--[[@admin]]
+
+-- stored_config makes a config of the hash's fields f (HMGET order): every
+-- one is checked, as anything may have written them, and the first one
+-- found wrong is named.
+local function stored_config(f)
+  local key = KEYS[1]
+  local cfg = {
+    rate = integer(key, 'rate', f[1], 1, MAX),
+    interval = integer(key, 'interval', f[2], 1, MAX),
+    type = integer(key, 'type', f[3], 0, 1) or 0,
+    burst = integer(key, 'burst', f[4], 0, MAX) or 0,
+    buckets = integer(key, 'buckets', f[5], 0, 1000) or 0,
+    keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
+  }
+  if cfg.rate == nil or cfg.interval == nil then
+    fail('corrupt ' .. key .. ': rate or interval missing')
+  end
+  if (cfg.buckets == 0 and 10 or cfg.buckets) > cfg.interval or cfg.rate > cfg.interval * 1000 then
+    fail('corrupt ' .. key .. ': rate or buckets too fine for the interval')
+  end
+  if (f[7] or 'tokenbucket') ~= ALGORITHM then
+    fail('algorithm ' .. key .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
+  end
+  return cfg
+end
+
+-- read_config reads the limiter's config: the stored one (nil when there is
+-- none) and the fields as HMGET read them.
+local function read_config()
+  local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
+    'algorithm')
+  if not f[1] and not f[2] and not f[7] then
+    return nil, f
+  end
+  return stored_config(f), f
+end
+
+-- config: stored in Redis > the handle's default > not initialized. It
+-- returns the config in force and the stored one. A 'fixed' config
+-- (Throttle) ignores a stored one; a 'new' one (SetRate) is about to
+-- replace it. It sets the skeleton's locals (rate, interval, …) that the
+-- algorithm's helpers read.
+local function config()
+  local given = { string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$') }
+  local source, cfg = given[1], nil
+  local old = read_config()
+  if old and source ~= 'fixed' and source ~= 'new' then
+    cfg = old
+  elseif source then
+    cfg = { rate = given[2] + 0, interval = given[3] + 0, type = given[4] + 0, burst = given[5] + 0,
+      buckets = given[6] + 0, keepalive = given[7] + 0 }
   else
-    s = algorithm.load(cfg, KEYS[4], unpack(call(KEYS[4], 'HMGET', KEYS[4], unpack(fields)), 1, #fields))
+    fail('not initialized ' .. KEYS[1])
   end
-  local permits = ARGV[3] + 0
-  local reply, reset = 0, 0
-  if op == 'allow' then
-    reply, reset = decide(cfg, s, permits)
-  elseif first_run() then
-    reply = algorithm.release(cfg, s, permits)
-  end
-  if cfg.stored and cfg.keepalive > 0 and permits > 0 then
-    -- Every acquire keeps the config alive, granted or denied: a saturated
-    -- limiter is busy, not idle. State in the config hash keeps it alive as
-    -- long as the state counts (a funnel whose burst drains slower).
-    local ttl = cfg.keepalive
-    if op == 'allow' and fields and cfg.type == 0 then
-      ttl = math.max(ttl, math.ceil(reset / 1000))
-    end
-    redis.call('PEXPIRE', KEYS[1], ttl)
-  end
-  return reply
+  rate, interval, kind, keepalive, stored = cfg.rate, cfg.interval, cfg.type, cfg.keepalive, old ~= nil
+  burst, buckets = cfg.burst, cfg.buckets
+  if burst == 0 then burst = rate end
+  if buckets == 0 then buckets = 10 end
+  return cfg, old
+end
+
+if op == 'allow' or op == 'release' then
+  config() -- raises what the decision found wrong
+  fail('corrupt ' .. KEYS[1] .. ': config refused')
 end
 
 -- state_keys returns a group's state keys: group 0 holds the Overall state,
--- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[14 ..].
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[8 ..].
 -- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
 -- and each client's in one key, from KEYS[4] on.
 local function state_keys(group)
-  if algorithm.fields then
+  if IN_CONFIG then
     if group == 0 then
       return { KEYS[1] }
     end
@@ -56,7 +89,7 @@ end
 
 -- groups counts the groups of state keys the caller passed.
 local function groups()
-  if algorithm.fields then
+  if IN_CONFIG then
     return #KEYS - 2
   end
   return (#KEYS - 3) / N
@@ -76,7 +109,7 @@ end
 -- asks again with the missing ones.
 local function missing_clients()
   local given = {}
-  for i = 14, #ARGV do
+  for i = 8, #ARGV do
     given[ARGV[i]] = true
   end
   local missing = {}
@@ -90,22 +123,23 @@ end
 
 -- delete_state forgets all usage: every client's, and the request log.
 local function delete_state()
-  if algorithm.fields then
-    redis.call('HDEL', KEYS[1], unpack(algorithm.fields))
+  if IN_CONFIG then
+    redis.call('HDEL', KEYS[1], unpack(FIELDS))
   end
   redis.call('DEL', KEYS[2], KEYS[3], unpack(separate_state_keys()))
 end
 
 local function write_config(cfg)
-  redis.call('HSET', KEYS[1], 'rate', ARGV[8], 'interval', ARGV[9], 'type', ARGV[10], 'keepAliveTime', ARGV[13])
+  redis.call('HSET', KEYS[1], 'rate', cfg.rate, 'interval', cfg.interval, 'type', cfg.type,
+    'keepAliveTime', cfg.keepalive)
   if ALGORITHM ~= 'tokenbucket' then
     redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
   end
-  for _, f in ipairs({ { 'burst', ARGV[11] }, { 'buckets', ARGV[12] } }) do
-    if f[2] == '0' then
-      redis.call('HDEL', KEYS[1], f[1])
+  for _, field in ipairs({ 'burst', 'buckets' }) do
+    if cfg[field] == 0 then
+      redis.call('HDEL', KEYS[1], field)
     else
-      redis.call('HSET', KEYS[1], f[1], f[2])
+      redis.call('HSET', KEYS[1], field, cfg[field])
     end
   end
   if cfg.keepalive > 0 then
@@ -131,9 +165,9 @@ local function cap_expiry(keys, ttl_ms)
 end
 
 if op == 'get' then
-  local cfg, f = read_config()
+  local cfg = read_config()
   if not cfg then return {} end
-  return { tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0), tonumber(f[5] or 0), tonumber(f[6] or 0) }
+  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive }
 end
 if op == 'ttl' then
   local ttl = redis.call('PTTL', KEYS[1])
@@ -173,7 +207,7 @@ if op == 'expire' then
   return cap_expiry(keys, tonumber(ARGV[3]))
 end
 if op == 'set' or op == 'tryset' then
-  local new, _, old = config()
+  local new, old = config()
   if old and op == 'tryset' then
     return 0
   end
@@ -181,21 +215,21 @@ if op == 'set' or op == 'tryset' then
   for group = 0, groups() - 1 do
     for i, key in ipairs(state_keys(group)) do
       local t = redis.call('TYPE', key)['ok']
-      local want = algorithm.types[i]
+      local want = TYPES[i]
       if t ~= 'none' and t ~= want then
         fail('corrupt ' .. key .. ': a ' .. t .. ', not a ' .. want)
       end
     end
   end
   write_config(new)
-  new.stored = true
+  stored = true
   if old and old.type ~= new.type then
     delete_state() -- usage under one type means nothing under the other
-  elseif new.type == 1 and algorithm.fields then
-    redis.call('HDEL', KEYS[1], unpack(algorithm.fields)) -- Overall usage left by a default
-  elseif algorithm.settle then
+  elseif new.type == 1 and IN_CONFIG then
+    redis.call('HDEL', KEYS[1], unpack(FIELDS)) -- Overall usage left by a default
+  elseif settle then
     for group = 0, groups() - 1 do
-      algorithm.settle(new, state_keys(group))
+      settle(state_keys(group))
     end
   end
   return 1

@@ -1,40 +1,78 @@
--- The decision skeleton every algorithm plugs into. script.go loads, as one
--- script: a header from Go (local ALGORITHM, N = its stored name, its state
--- keys per client), this file, the algorithm's file, which fills in the
--- `algorithm` table below, and admin.lua, which dispatches ARGV[1]. Redis runs
--- the whole chunk on every call, so only what a decision uses is defined
--- before that dispatch, and a decision builds few tables.
+-- The decision skeleton. script.go assembles one script per algorithm: a
+-- header from Go (local ALGORITHM, N, IN_CONFIG, RECORDS: the algorithm's
+-- stored name, its state keys per client, whether its Overall state is
+-- fields of KEYS[1], whether its grants carry the request id), this file and
+-- admin.lua. The algorithm's own file is never run as a whole: it is a list
+-- of sections, each pasted where this file or admin.lua names it in a
+-- marker: a comment holding @ and the name in double brackets.
+--
+-- Why pasting: Redis runs the whole chunk on every call, and every function
+-- created or called and every table built costs about as much as a small
+-- Redis command. So a decision is one straight block, the algorithm's steps
+-- pasted into it, and only the few helpers below are created before it. The
+-- rarer ops, and every error's full diagnosis, live in admin.lua, after the
+-- block: their functions are only created when one is asked for.
 --
 -- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
 --          keepAliveTime ms as Redisson keeps them; burst, buckets and
---          algorithm for ours) and, when the algorithm keeps its state in hash
---          fields (algorithm.fields), the Overall state too
+--          algorithm for ours) and, when IN_CONFIG, the Overall state too
 -- KEYS[2]  client registry: zset of PerClient ids, score = last grant in ms
 -- KEYS[3]  request log: zset of recent request ids, score = when forgotten in ms
--- KEYS[4 ..]  state keys, group by group (see state_keys): the Overall ones
---          (none when they live in KEYS[1]), this client's, then those of
---          each client named in ARGV[14 ..]
+-- KEYS[4 ..]  state keys, N per group (see admin.lua's state_keys): the
+--          Overall ones (none when IN_CONFIG), this client's, then those of
+--          each client named in ARGV[8 ..]
 -- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl | clients
 -- ARGV[2]  now in µs, or '' to read Redis TIME
 -- ARGV[3]  permits (allow, release) or milliseconds (expire)
 -- ARGV[4]  client id
--- ARGV[5]  request id: the token bucket's record; logged when ARGV[6] is set
--- ARGV[6]  how long the request log keeps an id, ms; '' for no log
--- ARGV[7]  where the config comes from: '' (stored), 'default' (stored, else
---          ARGV[8 .. 13]), 'fixed' (ARGV[8 .. 13], whatever is stored), 'new' (set)
--- ARGV[8 .. 13]  rate, interval ms, type, burst, buckets, keep-alive ms
--- ARGV[14 ..]  other clients' ids (admin ops)
+-- ARGV[5]  the handle's config: '' (the stored one only) or 'SOURCE rate
+--          interval-ms type burst buckets keep-alive-ms', which Go has
+--          checked; SOURCE is default (while none is stored), fixed (whatever
+--          is stored: Throttle) or new (SetRate)
+-- ARGV[6]  request id: the token bucket's record, the request log's entry
+-- ARGV[7]  how long the request log keeps an id, ms; '' for no log
+--          (a decision that needs neither is sent without ARGV[6 .. 7])
+-- ARGV[8 ..]  other clients' ids (admin ops)
+--
+-- An algorithm's sections share these locals with the skeleton:
+--   rate, interval (ms), kind (0 Overall, 1 PerClient), burst, buckets,
+--   keepalive (ms), stored (a config is stored in KEYS[1]); where: the hash
+--   holding the state, s1 and s2: its stored fields (IN_CONFIG); permits.
+-- The sections:
+--   helpers   functions the others use, created before the decision
+--   fields    , 'name' … the state's hash fields (IN_CONFIG)
+--   capacity  the most one request may take: rate or burst
+--   load      reads the state as of now into locals of its own
+--   wait      sets wait: 0 or less when permits fit now, else µs until they do
+--   commit    records a grant; sets counted = false for a grant recorded
+--             already (a re-sent script)
+--   resent    whether a re-sent script was granted (RECORDS), else false
+--   report    sets remaining and reset, µs until the limiter is full again
+--   release   gives back up to permits; sets back
+--   admin     admin.lua's: TYPES (each state key's Redis type), FIELDS
+--             (the state's hash fields) and settle(keys), which brings the
+--             state in line after a rate change, or nil
 --
 -- Every number written or returned is an integer: Lua numbers are doubles and
--- Redis truncates returned floats. Errors are raised as plain strings
+-- Redis truncates returned floats. A number given to redis.call is written
+-- with %.17g, exact below 2^53; .. writes %.14g, exact below 10^14 only.
+-- Errors are raised as plain strings
 -- 'REDLIMIT …' at level 0 (no position); Redis and miniredis wrap them each
--- their own way, and script.go takes the message back out. (No pcall around
--- the script to return them cleanly: it costs more than the rest of a call.)
---
--- The decision path is written for Redis's time: each function call costs
--- about as much as a small Redis command, so it uses operators where a call
--- would do (x - x % 1 for floor, ARGV[i] + 0 for tonumber), and trusts the
--- numbers Go sends; what Redis stores is checked.
+-- their own way, and script.go takes the message back out. The decision
+-- uses operators where a call would do (x - x % 1 for floor, ARGV[i] + 0 for
+-- tonumber) and trusts the numbers Go sends; what Redis stores is checked.
+
+local MAX = 9007199254740992 -- 2^53
+local NOW_US
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  NOW_US = t[1] * 1000000 + t[2]
+else
+  NOW_US = ARGV[2] + 0
+end
+local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
+local op, LOG = ARGV[1], ARGV[7] ~= nil and ARGV[7] ~= ''
+local rate, interval, kind, burst, buckets, keepalive, stored
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
@@ -49,16 +87,6 @@ local function call(key, ...)
   return reply
 end
 
-local NOW_US
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  NOW_US = t[1] * 1000000 + t[2]
-else
-  NOW_US = ARGV[2] + 0
-end
-local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
-local MAX = 9007199254740992 -- 2^53
-
 -- integer parses a stored field: a whole number within [min, max], or nil when absent.
 local function integer(key, field, value, min, max)
   if not value then
@@ -71,96 +99,13 @@ local function integer(key, field, value, min, max)
   return n
 end
 
--- The algorithm's file fills this in:
---   fields     the names of its state's hash fields; nil when it keeps its
---              own keys (the token bucket)
---   capacity   the config field that bounds one request: 'rate' or 'burst'
---   load       (cfg, where, ...) the state as of now: where is the hash
---              holding it and ... the stored values of its fields; for the
---              token bucket, where is its keys and ... nothing
---   wait       (cfg, s, permits) 0 when permits fit now, else the µs until they do
---   commit     (cfg, s, permits) records a grant; false when this request's
---              grant is recorded already (a re-sent script)
---   report     (cfg, s) remaining permits, and µs until the limiter is full
---   resent     (s, permits) optional: whether a re-sent script was granted
---   release    (cfg, s, permits) gives permits back, returns how many
---   settle     (cfg, keys) optional: brings a group's state in line after SetRate
---   types      the Redis type of each state key, for SetRate's checks
-local algorithm = { capacity = 'rate' }
-
--- stored_config makes a config of the hash's fields f (HMGET order): every
--- one is checked, as anything may have written them.
-local function stored_config(f)
-  local key = KEYS[1]
-  local cfg = {
-    rate = integer(key, 'rate', f[1], 1, MAX),
-    interval = integer(key, 'interval', f[2], 1, MAX),
-    type = integer(key, 'type', f[3], 0, 1) or 0,
-    burst = integer(key, 'burst', f[4], 0, MAX) or 0,
-    buckets = integer(key, 'buckets', f[5], 0, 1000) or 0,
-    keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
-    stored = true,
-  }
-  if cfg.rate == nil or cfg.interval == nil then
-    fail('corrupt ' .. key .. ': rate or interval missing')
-  end
-  if cfg.burst == 0 then cfg.burst = cfg.rate end
-  if cfg.buckets == 0 then cfg.buckets = 10 end
-  if cfg.buckets > cfg.interval or cfg.rate > cfg.interval * 1000 then
-    fail('corrupt ' .. key .. ': rate or buckets too fine for the interval')
-  end
-  if (f[7] or 'tokenbucket') ~= ALGORITHM then
-    fail('algorithm ' .. key .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
-  end
-  return cfg
-end
-
--- read_config reads the limiter's hash once: it returns the stored config
--- (nil when there is none) and what HMGET read, whose positions from 8 on
--- are the Overall state's fields.
-local function read_config()
-  local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm', unpack(algorithm.fields or {}))
-  if f.err then
-    fail('corrupt ' .. KEYS[1] .. ': ' .. f.err)
-  end
-  if not f[1] and not f[2] and not f[7] then
-    return nil, f
-  end
-  return stored_config(f), f
-end
-
--- config: stored in Redis > the handle's default > not initialized. It
--- returns the config in force, what read_config read, and the stored config.
--- A 'fixed' config (Throttle) ignores a stored one, but leaves its expiry
--- be; a 'new' one (SetRate) is about to replace it. A given config is in
--- ARGV[8 .. 13], which Go has checked.
-local function config()
-  local source = ARGV[7]
-  local stored, f = read_config()
-  if source ~= 'fixed' and source ~= 'new' then
-    if stored then return stored, f, stored end
-    if source == '' then
-      fail('not initialized ' .. KEYS[1])
-    end
-  end
-  local given = {
-    rate = ARGV[8] + 0, interval = ARGV[9] + 0, type = ARGV[10] + 0,
-    burst = ARGV[11] + 0, buckets = ARGV[12] + 0, keepalive = ARGV[13] + 0,
-    stored = stored ~= nil,
-  }
-  if given.burst == 0 then given.burst = given.rate end
-  if given.buckets == 0 then given.buckets = 10 end
-  return given, f, stored
-end
-
 -- expiry converts a state key's TTL in µs to whole ms, rounding up. For a
--- separate key, it caps the TTL so that no key outlives a stored config
--- (Expire, ExpireAt); state in KEYS[1] needs no cap.
-local function expiry(cfg, ttl_us, key)
+-- key other than KEYS[1], it caps the TTL so that no key outlives a stored
+-- config (Expire, ExpireAt).
+local function expiry(ttl_us, key)
   local ttl_ms = (ttl_us + (-ttl_us) % 1000) / 1000
   if ttl_ms < 1 then ttl_ms = 1 end
-  if key ~= KEYS[1] and cfg.stored and cfg.keepalive == 0 then
+  if key ~= KEYS[1] and stored and keepalive == 0 then
     local left = redis.call('PTTL', KEYS[1])
     if left > 0 and left < ttl_ms then
       return left
@@ -173,73 +118,123 @@ end
 -- expire when the limiter is full again, ttl_us from now; a nil ttl_us keeps
 -- the expiry the key has (the windows set it once per window, not per grant).
 -- KEYS[1] holding a stored config keeps the config's expiry (none, Expire's,
--- or the keep-alive the dispatch refreshes).
-local function save(cfg, key, ttl_us, ...)
+-- or the keep-alive the decision refreshes).
+local function save(key, ttl_us, ...)
   redis.call('HSET', key, ...)
-  if ttl_us == nil then
-    return
-  elseif key ~= KEYS[1] then
-    redis.call('PEXPIRE', key, expiry(cfg, ttl_us, key))
-  elseif not cfg.stored then
-    local ttl_ms = (ttl_us + (-ttl_us) % 1000) / 1000 -- expiry's rounding, without its call
-    if ttl_ms < 1 then ttl_ms = 1 end
-    redis.call('PEXPIRE', key, ttl_ms)
+  if ttl_us and (key ~= KEYS[1] or not stored) then
+    redis.call('PEXPIRE', key, expiry(ttl_us, key))
   end
 end
 
 -- A client re-sends a script whose reply it did not read (go-redis does on a
 -- read timeout). Counting it twice only denies sooner, so by default nothing
--- guards against it. With WithRetryWindow, the request log remembers each
--- request id for the window: first_run both checks and records the id, and
--- is false for a re-run, whose grant is counted already. (The token bucket
--- needs no log for its grants: its record holds the id.)
-local function first_run()
-  if ARGV[6] == '' then
-    return true
-  end
-  if call(KEYS[3], 'ZADD', KEYS[3], 'NX', NOW_MS + ARGV[6], ARGV[5]) == 0 then
+-- guards against it. With WithRetryWindow (LOG), the request log remembers
+-- each request id for the window: first_run both checks and records the id,
+-- and is false for a re-run, whose grant is counted already. (The token
+-- bucket needs no log for its grants: its records hold the id.)
+local first_run = LOG and function()
+  if call(KEYS[3], 'ZADD', KEYS[3], 'NX', NOW_MS + ARGV[7], ARGV[6]) == 0 then
     return false
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', NOW_MS)
-  redis.call('PEXPIRE', KEYS[3], ARGV[6])
+  redis.call('PEXPIRE', KEYS[3], ARGV[7])
   return true
 end
 
--- decide is every algorithm's allow, on s, the state algorithm.load read.
--- It returns the reply, and the µs until the limiter is full again. The
--- reply is 'allowed limit remaining retry reset window', six integers in one string
--- (one reply value for the client to read, not six): allowed 0 or 1, retry
--- after µs (-1: never), reset after µs, window ms, the span limit applies
--- to: the interval, or the time a funnel's burst takes to drain. Zero
--- permits is a peek: it writes nothing.
-local function decide(cfg, s, permits)
-  local limit = cfg[algorithm.capacity]
-  local allowed, retry = 0, 0
-  if permits > limit then
-    retry = -1
-  else
-    local wait = algorithm.wait(cfg, s, permits)
-    if wait <= 0 then
-      allowed = 1
-      if permits > 0 and (algorithm.resent or ARGV[6] == '' or first_run()) and algorithm.commit(cfg, s, permits)
-          and cfg.type == 1 then
-        -- The registry lets Delete, Reset and Expire reach every client's
-        -- keys. It lives as long as any client's state can: one interval, or
-        -- the time a funnel takes to drain when its burst exceeds its rate.
-        call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
-        local life = cfg.interval
-        if cfg.burst > cfg.rate then life = cfg.burst * cfg.interval / cfg.rate end
-        redis.call('PEXPIRE', KEYS[2], expiry(cfg, life * 1000, KEYS[2]))
-      end
-    elseif permits > 0 and (algorithm.resent and algorithm.resent(s, permits)
-        or ARGV[6] ~= '' and redis.call('ZSCORE', KEYS[3], ARGV[5])) then
-      allowed = 1 -- a re-sent script whose first run was granted
-    else
-      retry = wait
+--[[@helpers]]
+
+-- The decision (allow) and its inverse (release). A config that is missing
+-- or fails a check here goes on to admin.lua, which says what is wrong.
+if op == 'allow' or op == 'release' then
+  local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
+    'algorithm'--[[@fields]])
+  if f.err then fail('corrupt ' .. KEYS[1] .. ': ' .. f.err) end
+  stored = f[1] or f[2] or f[7]
+  local source, ok = nil, false
+  if ARGV[5] ~= '' then
+    local r, i, t, b, bk, ka
+    source, r, i, t, b, bk, ka = string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    if source and (source == 'fixed' or not stored) then
+      rate, interval, kind, burst, buckets, keepalive = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0
+      ok = true
     end
   end
-  local remaining, reset = algorithm.report(cfg, s)
-  if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
-  local window = limit * cfg.interval / cfg.rate
-  return string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window + (-window) % 1), reset
+  if stored and not ok then
+    -- The same checks as admin.lua's stored_config, which names the culprit.
+    rate, interval, kind = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0)
+    burst, buckets, keepalive = tonumber(f[4] or 0), tonumber(f[5] or 0), tonumber(f[6] or 0)
+    ok = rate and interval and kind and burst and buckets and keepalive
+        and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
+        and rate >= 1 and rate <= MAX and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
+        and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= 1000 and keepalive >= 0 and keepalive <= MAX
+        and (buckets == 0 and 10 or buckets) <= interval and rate <= interval * 1000
+        and (f[7] or 'tokenbucket') == ALGORITHM
+  end
+  if ok then
+    if burst == 0 then burst = rate end
+    if buckets == 0 then buckets = 10 end
+    local where, s1, s2 = KEYS[1], f[8], f[9]
+    if IN_CONFIG and kind == 1 then
+      where = KEYS[4]
+      local g = call(where, 'HMGET', where--[[@fields]])
+      s1, s2 = g[1], g[2]
+    end
+    local permits = ARGV[3] + 0
+    --[[@load]]
+    local reply, reset = 0, 0
+    if op == 'allow' then
+      -- reply: 'allowed limit remaining retry reset window', six integers in
+      -- one string (one value for the client to read, not six): allowed 0 or
+      -- 1, retry after µs (-1: never), reset after µs, window ms: the span
+      -- limit applies to, the interval or the time a funnel's burst takes to
+      -- drain. Zero permits is a peek: it writes nothing.
+      local limit = --[[@capacity]]
+      local allowed, retry, wait, remaining = 0, 0, 0, 0
+      if permits > limit then
+        retry = -1
+      else
+        --[[@wait]]
+        if wait <= 0 then
+          allowed = 1
+          if permits > 0 and (RECORDS or not LOG or first_run()) then
+            local counted = true
+            --[[@commit]]
+            if counted and kind == 1 then
+              -- The registry lets Delete, Reset and Expire reach every
+              -- client's keys. It lives as long as any client's state can: one
+              -- interval, or the time a funnel takes to drain when its burst
+              -- exceeds its rate.
+              call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
+              local life = interval
+              if burst > rate then life = burst * interval / rate end
+              redis.call('PEXPIRE', KEYS[2], expiry(life * 1000, KEYS[2]))
+            end
+          end
+        elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[3], ARGV[6])) then
+          allowed = 1 -- a re-sent script whose first run was granted
+        else
+          retry = wait
+        end
+      end
+      --[[@report]]
+      if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+      local window = limit * interval / rate
+      reply = string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window + (-window) % 1)
+    elseif not LOG or first_run() then
+      local back = 0
+      --[[@release]]
+      reply = back
+    end
+    if stored and keepalive > 0 and permits > 0 then
+      -- Every acquire keeps the config alive, granted or denied: a saturated
+      -- limiter is busy, not idle. State in the config hash keeps it alive as
+      -- long as the state counts (a funnel whose burst drains slower).
+      local ttl = keepalive
+      if op == 'allow' and IN_CONFIG and kind == 0 and reset > ttl * 1000 then
+        ttl = (reset + (-reset) % 1000) / 1000
+      end
+      redis.call('PEXPIRE', KEYS[1], ttl)
+    end
+    return reply
+  end
 end

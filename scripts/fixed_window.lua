@@ -1,70 +1,61 @@
 -- Fixed window: at most rate permits per window of interval, windows aligned
 -- to the Unix epoch so every instance agrees where one starts.
 -- State: fields window (its start in ms) and count (permits granted in it);
--- they expire with their window.
+-- they expire with their window. Sections: see common.lua.
 
-algorithm.fields = { 'window', 'count' }
-algorithm.types = { 'hash' }
+--[[@helpers]]
 
--- load finds the current window. Windows never go back: a request whose clock
--- is behind the stored window's (clocks that disagree under WithClock, or a
--- request that reached Redis late) counts in the stored window rather than
--- resetting it. The start is kept in ms, not as an index, so that it stays
--- meaningful across an interval change.
-function algorithm.load(cfg, where, stored_start, stored_count)
-  local window = NOW_MS - NOW_MS % cfg.interval
-  local s = { where = where, start = window, count = 0 }
-  if stored_start or stored_count then
-    local start = integer(where, 'window', stored_start, 0, MAX)
-    local count = integer(where, 'count', stored_count, 0, MAX)
-    if start == nil or count == nil then
-      fail('corrupt ' .. where .. ': half a window')
-    end
-    s.stored = start
-    start = start - start % cfg.interval
-    if start >= window then
-      s.start, s.count = start, count
-    end
+--[[@fields]]
+, 'window', 'count'
+--[[@capacity]]
+rate
+--[[@load]]
+-- Windows never go back: a request whose clock is behind the stored window's
+-- (clocks that disagree under WithClock, or a request that reached Redis
+-- late) counts in the stored window rather than resetting it. The start is
+-- kept in ms, not as an index, so that it stays meaningful across an
+-- interval change.
+local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
+if s1 or s2 then
+  stored_start = integer(where, 'window', s1, 0, MAX)
+  local stored_count = integer(where, 'count', s2, 0, MAX)
+  if stored_start == nil or stored_count == nil then
+    fail('corrupt ' .. where .. ': half a window')
   end
-  s.ends = (s.start + cfg.interval) * 1000
-  return s
-end
-
-function algorithm.wait(cfg, s, permits)
-  if s.count + permits <= cfg.rate then
-    return 0
-  end
-  return s.ends - NOW_US
-end
-
--- store writes the window, setting the key's expiry only when the window is
--- new: within one, a grant adds to the count and nothing else.
-local function store(cfg, s, permits)
-  if s.count <= 0 then
-    redis.call('HDEL', s.where, 'window', 'count')
-  elseif s.start ~= s.stored then
-    save(cfg, s.where, s.ends - NOW_US, 'window', s.start, 'count', s.count)
-  else
-    redis.call('HINCRBY', s.where, 'count', permits)
+  if stored_start - stored_start % interval >= start then
+    start, count = stored_start - stored_start % interval, stored_count
   end
 end
-
-function algorithm.commit(cfg, s, permits)
-  s.count = s.count + permits
-  store(cfg, s, permits)
-  return true
+local ends = (start + interval) * 1000
+--[[@wait]]
+if count + permits > rate then
+  wait = ends - NOW_US
 end
-
-function algorithm.report(cfg, s)
-  if s.count == 0 then
-    return cfg.rate, 0
-  end
-  return cfg.rate - s.count, s.ends - NOW_US
+--[[@commit]]
+-- Within a window, a grant adds to the count and nothing else; a new
+-- window's first one sets the key's expiry too.
+count = count + permits
+if start == stored_start then
+  redis.call('HINCRBY', where, 'count', permits)
+else
+  save(where, ends - NOW_US, 'window', start, 'count', count)
 end
-
-function algorithm.release(cfg, s, permits)
-  local back = math.min(permits, s.count)
-  s.count = s.count - back
-  store(cfg, s, -back)
-  return back
+--[[@resent]]
+false
+--[[@report]]
+remaining = rate - count
+if count > 0 then
+  reset = ends - NOW_US
 end
+--[[@release]]
+back = math.min(permits, count)
+count = count - back
+if count <= 0 then
+  redis.call('HDEL', where, 'window', 'count')
+elseif start == stored_start then
+  redis.call('HINCRBY', where, 'count', -back)
+else
+  save(where, ends - NOW_US, 'window', start, 'count', count)
+end
+--[[@admin]]
+local TYPES, FIELDS, settle = { 'hash' }, { 'window', 'count' }, nil

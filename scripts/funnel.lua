@@ -1,57 +1,49 @@
 -- Funnel: GCRA as redis-cell's CL.THROTTLE computes it, in microseconds.
 -- State: field tat, the theoretical arrival time in µs. Rate permits drain
 -- per interval and burst is the capacity; the state expires when the funnel
--- is empty again.
+-- is empty again. Sections: see common.lua.
 
-algorithm.fields = { 'tat' }
-algorithm.types = { 'hash' }
+--[[@helpers]]
 
-algorithm.capacity = 'burst'
-
--- load clamps the stored TAT to now at the earliest, and to a full funnel at
+--[[@fields]]
+, 'tat'
+--[[@capacity]]
+burst
+--[[@load]]
+-- The stored TAT is clamped to now at the earliest, and to a full funnel at
 -- the latest (the usage a rate decrease leaves behind fits the new capacity).
-function algorithm.load(cfg, where, stored)
-  local emission = cfg.interval * 1000 / cfg.rate
-  emission = emission - emission % 1
-  local tolerance = emission * cfg.burst
-  local tat = NOW_US
-  if stored then
-    tat = integer(where, 'tat', stored, 0, MAX)
-    if tat < NOW_US then
-      tat = NOW_US
-    elseif tat > NOW_US + tolerance then
-      tat = NOW_US + tolerance
-    end
+local emission = interval * 1000 / rate
+emission = emission - emission % 1
+local tolerance = emission * burst
+local tat = NOW_US
+if s1 then
+  tat = integer(where, 'tat', s1, 0, MAX)
+  if tat < NOW_US then
+    tat = NOW_US
+  elseif tat > NOW_US + tolerance then
+    tat = NOW_US + tolerance
   end
-  return { where = where, emission = emission, tolerance = tolerance, tat = tat }
 end
-
-function algorithm.wait(cfg, s, permits)
-  return s.tat + s.emission * permits - s.tolerance - NOW_US
+--[[@wait]]
+wait = tat + emission * permits - tolerance - NOW_US
+--[[@commit]]
+tat = tat + emission * permits
+save(where, tat - NOW_US, 'tat', tat)
+--[[@resent]]
+false
+--[[@report]]
+reset = tat - NOW_US
+if tolerance - reset > -emission then
+  remaining = (tolerance - reset) / emission
+  remaining = remaining - remaining % 1
 end
-
-function algorithm.commit(cfg, s, permits)
-  s.tat = s.tat + s.emission * permits
-  save(cfg, s.where, s.tat - NOW_US, 'tat', string.format('%d', s.tat))
-  return true
+--[[@release]]
+back = math.min(permits, math.floor((tat - NOW_US) / emission))
+tat = tat - back * emission
+if tat <= NOW_US then
+  redis.call('HDEL', where, 'tat')
+else
+  save(where, tat - NOW_US, 'tat', tat)
 end
-
-function algorithm.report(cfg, s)
-  local ttl = s.tat - NOW_US
-  if s.tolerance - ttl <= -s.emission then
-    return 0, ttl
-  end
-  local remaining = (s.tolerance - ttl) / s.emission
-  return remaining - remaining % 1, ttl
-end
-
-function algorithm.release(cfg, s, permits)
-  local back = math.min(permits, math.floor((s.tat - NOW_US) / s.emission))
-  s.tat = s.tat - back * s.emission
-  if s.tat <= NOW_US then
-    redis.call('HDEL', s.where, 'tat')
-  else
-    save(cfg, s.where, s.tat - NOW_US, 'tat', string.format('%d', s.tat))
-  end
-  return back
-end
+--[[@admin]]
+local TYPES, FIELDS, settle = { 'hash' }, { 'tat' }, nil
