@@ -60,6 +60,15 @@ func TestThrottleIgnoresStoredConfig(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidConfig)
 		_, err = c.Throttle(ctx, key, 1, 1, time.Minute, -1)
 		assert.ErrorIs(t, err, ErrInvalidPermits)
+
+		// Ignored, but not overwritten: another algorithm's config stays its own.
+		other := uniqueName(t) + "-tb"
+		require.NoError(t, c.TokenBucket(other).SetRate(ctx, Per(1000, time.Second)))
+		_, err = c.Throttle(ctx, other, 0, 1, time.Minute, 1)
+		assert.ErrorIs(t, err, ErrAlgorithmMismatch)
+		require.NoError(t, rdb.HSet(ctx, c.Funnel(key).Name(), "rate", "x").Err())
+		_, err = c.Throttle(ctx, key, 0, 1, time.Minute, 1)
+		assert.ErrorIs(t, err, ErrCorruptState)
 	})
 }
 

@@ -150,16 +150,8 @@ if op == 'allow' or op == 'release' then
     'algorithm'--[[@fields]])
   if f.err then fail('corrupt ' .. KEYS[1] .. ': ' .. f.err) end
   stored = f[1] or f[2] or f[7]
-  local source, ok = nil, false
-  if ARGV[5] ~= '' then
-    local r, i, t, b, bk, ka
-    source, r, i, t, b, bk, ka = string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-    if source and (source == 'fixed' or not stored) then
-      rate, interval, kind, burst, buckets, keepalive = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0
-      ok = true
-    end
-  end
-  if stored and not ok then
+  local ok = not stored and ARGV[5] ~= ''
+  if stored then
     -- The same checks as admin.lua's stored_config, which names the culprit.
     rate, interval, kind = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0)
     burst, buckets, keepalive = tonumber(f[4] or 0), tonumber(f[5] or 0), tonumber(f[6] or 0)
@@ -169,6 +161,12 @@ if op == 'allow' or op == 'release' then
         and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= 1000 and keepalive >= 0 and keepalive <= MAX
         and (buckets == 0 and 10 or buckets) <= interval and rate <= interval * 1000
         and (f[7] or 'tokenbucket') == ALGORITHM
+  end
+  -- The handle's config: a default while none is stored, a fixed one
+  -- (Throttle's) even over a stored one, which must still be sound.
+  if ok and ARGV[5] ~= '' and (not stored or string.sub(ARGV[5], 1, 6) == 'fixed ') then
+    local _, r, i, t, b, bk, ka = string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    rate, interval, kind, burst, buckets, keepalive = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0
   end
   if ok then
     if burst == 0 then burst = rate end
