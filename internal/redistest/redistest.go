@@ -1,10 +1,11 @@
 // Package redistest starts throwaway redis-server processes, and a local
-// Redis Cluster, for tests; and holds what the suites of every package share
-// to run on them: a controlled Clock, EachBackend and UniqueName.
+// Redis Cluster, for tests (and, with Launch, for the benchmark); and holds
+// what the suites of every package share to run on them: a controlled
+// Clock, EachBackend and UniqueName.
 //
 // Everything listens on 127.0.0.1 only, keeps no data on disk and is killed
 // when the test (Start, StartCluster) or the test binary (Shared,
-// SharedCluster, via Main) finishes. Servers are started with Pdeathsig, so a
+// SharedCluster, via Main) finishes, or Launch's stop is called. Servers are started with Pdeathsig, so a
 // test binary that crashes does not leave them behind either.
 //
 // A package using Shared or SharedCluster should have
@@ -187,6 +188,21 @@ func Start(t testing.TB) *Server {
 		}
 	})
 	return s
+}
+
+// Launch starts a redis-server as Start does, for a program that is not a
+// test (the benchmark): in a directory of its own, which stop removes
+// after killing the server.
+func Launch() (s *Server, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "redistest-server-")
+	if err != nil {
+		return nil, nil, err
+	}
+	if s, err = startServer(dir, false); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("redistest: starting redis-server: %w", err)
+	}
+	return s, func() { _ = s.Kill(); _ = os.RemoveAll(dir) }, nil
 }
 
 // Addr returns the server's "127.0.0.1:port".
