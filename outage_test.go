@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -206,9 +205,7 @@ func (h *outageHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // The breaker's states, step by step on a controlled clock.
 func TestBreakerSteps(t *testing.T) {
 	ctx := context.Background()
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := redistest.Miniredis(t)
 	hook := &outageHook{}
 	rdb.AddHook(hook)
 	clk := newClock()
