@@ -26,18 +26,7 @@ type algo struct {
 	tune func(cfg Config, burst int64, buckets int) Config
 	// counting grants capacity permits and refills none while a test runs.
 	counting func(capacity int64) Config
-	// namesItself: the config hash says which algorithm it is (Redisson's,
-	// the token bucket's, does not).
-	namesItself bool
-	// grantedTwice is how many of ten TryAcquire(1) on tenPer10s are granted
-	// when every script runs twice: the token bucket's log counts a record
-	// once, the others count each run.
-	grantedTwice int
-	// stateKeys are the keys a limiter called name holds with a default
-	// config and some usage.
-	stateKeys func(name string) []string
-	// setState puts value where a limiter keeps its Overall state.
-	setState func(rdb redis.UniversalClient, l *Limiter, value string)
+	overallState
 	// corruptions are broken states of this algorithm's own keys, which the
 	// scripts must refuse as ErrCorruptState.
 	corruptions func(rdb redis.UniversalClient) []corruption
@@ -58,6 +47,37 @@ type algo struct {
 	counted func(t *testing.T, admin *redis.Client, l *Limiter, cfg Config) int64
 }
 
+// overallState is where an algorithm keeps a limiter's Overall state, and
+// what follows from that.
+type overallState struct {
+	// namesItself: the config hash says which algorithm it is (Redisson's,
+	// the token bucket's, does not).
+	namesItself bool
+	// grantedTwice is how many of ten TryAcquire(1) on tenPer10s are granted
+	// when every script runs twice: the token bucket's log counts a record
+	// once, the others count each run.
+	grantedTwice int
+	// stateKeys are the keys a limiter called name holds with a default
+	// config and some usage.
+	stateKeys func(name string) []string
+	// setState puts value where a limiter keeps its Overall state.
+	setState func(rdb redis.UniversalClient, l *Limiter, value string)
+}
+
+// inConfigHash is the Overall state of the funnel and the windows: one
+// field of the config hash, which names the algorithm, so a limiter with a
+// default holds that one key; a grant whose script ran twice counts twice.
+func inConfigHash(field string) overallState {
+	return overallState{
+		namesItself:  true,
+		grantedTwice: 5,
+		stateKeys:    func(name string) []string { return []string{name} },
+		setState: func(rdb redis.UniversalClient, l *Limiter, value string) {
+			rdb.HSet(context.Background(), l.Name(), field, value)
+		},
+	}
+}
+
 // corruption breaks a limiter's state in one way.
 type corruption struct {
 	what  string
@@ -71,15 +91,17 @@ func (a algo) reads(cfg Config) bool {
 
 var (
 	tokenBucketAlgo = algo{
-		name:         "tokenbucket",
-		new:          (*Client).TokenBucket,
-		tune:         func(cfg Config, _ int64, _ int) Config { return cfg },
-		counting:     countingWindow,
-		grantedTwice: 10,
-		stateKeys:    func(name string) []string { return []string{keyOf(name, "permits"), keyOf(name, "value")} },
-		setState: func(rdb redis.UniversalClient, l *Limiter, value string) {
-			rdb.Del(context.Background(), l.keys[3])
-			rdb.Set(context.Background(), l.keys[3], value, 0)
+		name:     "tokenbucket",
+		new:      (*Client).TokenBucket,
+		tune:     func(cfg Config, _ int64, _ int) Config { return cfg },
+		counting: countingWindow,
+		overallState: overallState{
+			grantedTwice: 10,
+			stateKeys:    func(name string) []string { return []string{keyOf(name, "permits"), keyOf(name, "value")} },
+			setState: func(rdb redis.UniversalClient, l *Limiter, value string) {
+				rdb.Del(context.Background(), l.keys[3])
+				rdb.Set(context.Background(), l.keys[3], value, 0)
+			},
 		},
 		corruptions: func(rdb redis.UniversalClient) []corruption {
 			return []corruption{{"a record too short to hold a count (read as it ages out)", func(l *Limiter) {
@@ -131,10 +153,7 @@ var (
 		new:          (*Client).Funnel,
 		tune:         func(cfg Config, burst int64, _ int) Config { cfg.Burst = burst; return cfg },
 		counting:     func(capacity int64) Config { return Config{Rate: 1, Interval: time.Hour, Burst: capacity} },
-		namesItself:  true,
-		grantedTwice: 5,
-		stateKeys:    func(name string) []string { return []string{name} },
-		setState:     inConfigHash("tat"),
+		overallState: inConfigHash("tat"),
 		corruptions:  func(redis.UniversalClient) []corruption { return nil },
 		breaches: func(cfg Config, grants []placed, _ func(i, j int) int64, report func(string, ...any) bool) {
 			// GCRA: any k grants span at least (k − burst) emission intervals.
@@ -171,10 +190,7 @@ var (
 		new:          (*Client).FixedWindow,
 		tune:         func(cfg Config, _ int64, _ int) Config { return cfg },
 		counting:     countingWindow,
-		namesItself:  true,
-		grantedTwice: 5,
-		stateKeys:    func(name string) []string { return []string{name} },
-		setState:     inConfigHash("window"),
+		overallState: inConfigHash("window"),
 		corruptions: func(rdb redis.UniversalClient) []corruption {
 			return []corruption{{"half a window", func(l *Limiter) { rdb.HDel(context.Background(), l.Name(), "count") }}}
 		},
@@ -210,10 +226,7 @@ var (
 		new:          (*Client).SlidingWindow,
 		tune:         func(cfg Config, _ int64, buckets int) Config { cfg.Buckets = buckets; return cfg },
 		counting:     countingWindow,
-		namesItself:  true,
-		grantedTwice: 5,
-		stateKeys:    func(name string) []string { return []string{name} },
-		setState:     inConfigHash("counts"),
+		overallState: inConfigHash("counts"),
 		corruptions: func(rdb redis.UniversalClient) []corruption {
 			return []corruption{{"a sub-window that is not a number", func(l *Limiter) { rdb.HSet(context.Background(), l.Name(), "counts", "x:1") }}}
 		},
@@ -274,14 +287,6 @@ var (
 // years, aligned to the epoch, so a test crosses an edge once a decade (the
 // next in December 2029).
 func countingWindow(capacity int64) Config { return Per(capacity, maxInterval) }
-
-// inConfigHash is setState for the algorithms whose Overall state is a field
-// of the config hash.
-func inConfigHash(field string) func(rdb redis.UniversalClient, l *Limiter, value string) {
-	return func(rdb redis.UniversalClient, l *Limiter, value string) {
-		rdb.HSet(context.Background(), l.Name(), field, value)
-	}
-}
 
 // slidingCells are the sliding window's sub-windows.
 func slidingCells(cfg Config) (int64, int64) {

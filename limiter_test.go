@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -908,8 +907,7 @@ func (c deadlineIn) Deadline() (time.Time, bool) { return time.Now().Add(c.d), t
 // so the last attempt comes before the deadline. (It used to add up to 10ms
 // whatever the deadline, and fail with the permit free.)
 func TestAcquireNeverSleepsPastTheDeadline(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := redistest.Miniredis(t)
 	clk := newClock()
 	c := newClient(rdb, clk)
 	var slept []time.Duration

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -144,41 +143,58 @@ func (fakeRefusal) RedisError()     {}
 
 // Which replies are misconfiguration, which are outages.
 func TestScriptErrorKinds(t *testing.T) {
-	canceled, cancel := context.WithCancel(context.Background())
+	background := context.Background()
+	canceled, cancel := context.WithCancel(background)
 	cancel()
-	for _, tc := range []struct {
-		ctx  context.Context
-		err  error
-		want []error
+	type reply struct {
+		ctx context.Context
+		err error
+	}
+	refusals := func(texts ...string) (replies []reply) {
+		for _, text := range texts {
+			replies = append(replies, reply{background, fakeRefusal(text)})
+		}
+		return replies
+	}
+	for _, kind := range []struct {
+		want    []error
+		replies []reply
 	}{
-		{context.Background(), fakeRefusal("NOPERM this user has no permissions to access one of the keys used as arguments"), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("NOPERM this user has no permissions to run the 'evalsha' command"), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("NOAUTH Authentication required."), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("WRONGPASS invalid username-password pair or user is disabled."), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("ERR unknown command 'EVALSHA', with args beginning with: "), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("ERR unknown subcommand 'LOAD'. Try SCRIPT HELP."), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("ERR DB index is out of range"), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("ERR The user executing the script can't access at least one of the keys mentioned in the command arguments script: 3b0b, on @user_script:1."), []error{ErrMisconfigured}},
-		{context.Background(), fakeRefusal("LOADING Redis is loading the dataset in memory"), []error{ErrUnavailable}},
-		{context.Background(), fakeRefusal("OOM command not allowed when used memory > 'maxmemory'."), []error{ErrUnavailable}},
-		{context.Background(), fakeRefusal("READONLY You can't write against a read only replica."), []error{ErrUnavailable}},
-		{context.Background(), fakeRefusal("BUSY Redis is busy running a script."), []error{ErrUnavailable}},
-		{context.Background(), fakeRefusal("ERR REDLIMIT not initialized x"), []error{ErrNotInitialized}},
-		{context.Background(), &net.OpError{Op: "dial", Err: errors.New("connection refused")}, []error{ErrUnavailable}},
-		{canceled, context.Canceled, []error{ErrUnavailable, context.Canceled}},
-		{canceled, &net.OpError{Op: "read", Err: errors.New("i/o timeout")}, []error{ErrUnavailable, context.Canceled}},
+		{[]error{ErrMisconfigured}, refusals(
+			"NOPERM this user has no permissions to access one of the keys used as arguments",
+			"NOPERM this user has no permissions to run the 'evalsha' command",
+			"NOAUTH Authentication required.",
+			"WRONGPASS invalid username-password pair or user is disabled.",
+			"ERR unknown command 'EVALSHA', with args beginning with: ",
+			"ERR unknown subcommand 'LOAD'. Try SCRIPT HELP.",
+			"ERR DB index is out of range",
+			"ERR The user executing the script can't access at least one of the keys mentioned in the command arguments script: 3b0b, on @user_script:1.",
+		)},
+		{[]error{ErrUnavailable}, append(refusals(
+			"LOADING Redis is loading the dataset in memory",
+			"OOM command not allowed when used memory > 'maxmemory'.",
+			"READONLY You can't write against a read only replica.",
+			"BUSY Redis is busy running a script.",
+		), reply{background, &net.OpError{Op: "dial", Err: errors.New("connection refused")}})},
+		{[]error{ErrNotInitialized}, refusals("ERR REDLIMIT not initialized x")},
+		{[]error{ErrUnavailable, context.Canceled}, []reply{
+			{canceled, context.Canceled},
+			{canceled, &net.OpError{Op: "read", Err: errors.New("i/o timeout")}},
+		}},
 	} {
-		err := scriptError(tc.ctx, tc.err)
-		for _, want := range tc.want {
-			assert.ErrorIs(t, err, want, "%v", tc.err)
-		}
-		for _, other := range []error{ErrMisconfigured, ErrUnavailable, ErrNotInitialized} {
-			if !slices.Contains(tc.want, other) {
-				assert.NotErrorIs(t, err, other, "%v", tc.err)
+		for _, r := range kind.replies {
+			err := scriptError(r.ctx, r.err)
+			for _, want := range kind.want {
+				assert.ErrorIs(t, err, want, "%v", r.err)
 			}
-		}
-		if !slices.Contains(tc.want, ErrNotInitialized) { // the scripts' own errors keep their detail only
-			assert.ErrorIs(t, err, tc.err, "the cause is kept")
+			for _, other := range []error{ErrMisconfigured, ErrUnavailable, ErrNotInitialized} {
+				if !slices.Contains(kind.want, other) {
+					assert.NotErrorIs(t, err, other, "%v", r.err)
+				}
+			}
+			if !slices.Contains(kind.want, ErrNotInitialized) { // the scripts' own errors keep their detail only
+				assert.ErrorIs(t, err, r.err, "the cause is kept")
+			}
 		}
 	}
 }
@@ -206,9 +222,7 @@ func (h *outageHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // The breaker's states, step by step on a controlled clock.
 func TestBreakerSteps(t *testing.T) {
 	ctx := context.Background()
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := redistest.Miniredis(t)
 	hook := &outageHook{}
 	rdb.AddHook(hook)
 	clk := newClock()

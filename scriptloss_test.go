@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -142,12 +141,8 @@ func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // server: the bug TestScriptLossStaggered finds by chance, made certain.
 func TestScriptLossSteps(t *testing.T) {
 	servers := map[string]func(t *testing.T) *redis.Client{
-		"miniredis": func(t *testing.T) *redis.Client {
-			rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
-			t.Cleanup(func() { rdb.Close() })
-			return rdb
-		},
-		"redis": func(t *testing.T) *redis.Client { return redistest.Shared(t).Client(t) },
+		"miniredis": func(t *testing.T) *redis.Client { return redistest.Miniredis(t) },
+		"redis":     func(t *testing.T) *redis.Client { return redistest.Shared(t).Client(t) },
 	}
 	for backend, server := range servers {
 		t.Run(backend, func(t *testing.T) {

@@ -10,6 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // assertLogAgrees checks the invariant the token bucket keeps: the value key
@@ -175,18 +177,6 @@ func TestTokenBucketKeepAliveValidation(t *testing.T) {
 	assert.NoError(t, Config{Rate: 1, Interval: time.Minute, KeepAlive: time.Minute}.validate())
 }
 
-// redissonMember is a permit record as Redisson 3.21+ writes it:
-// struct.pack('Bc0I', 16, 16 random bytes, permits).
-func redissonMember(id byte, permits uint32) string {
-	b := make([]byte, 21)
-	b[0] = 16
-	for i := 1; i <= 16; i++ {
-		b[i] = id
-	}
-	binary.LittleEndian.PutUint32(b[17:], permits)
-	return string(b)
-}
-
 func TestRedissonReadsOurs(t *testing.T) {
 	eachUnprefixedBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
@@ -223,12 +213,7 @@ func TestWeReadRedissons(t *testing.T) {
 		clk := newClock()
 		name := uniqueName(t)
 		now := clk.Now().UnixMilli()
-		rdb.HSet(ctx, name, "rate", "5", "interval", "10000", "type", "0", "keepAliveTime", "0")
-		rdb.Set(ctx, "{"+name+"}:value", "2", 0)
-		rdb.ZAdd(ctx, "{"+name+"}:permits",
-			redis.Z{Score: float64(now - 4000), Member: redissonMember(1, 2)},
-			redis.Z{Score: float64(now - 1000), Member: redissonMember(2, 1)},
-		)
+		redistest.WriteRedisson(ctx, rdb, name, clk.Now())
 		l := newClient(rdb, clk).TokenBucket(name)
 		assertConfig(t, l, Per(5, 10*time.Second))
 		s := time.Second
@@ -238,7 +223,7 @@ func TestWeReadRedissons(t *testing.T) {
 			{6 * s, 3, true, 1, 0, 10 * s},
 		})
 		assert.Equal(t, "1", rdb.Get(ctx, "{"+name+"}:value").Val())
-		assert.Equal(t, []string{redissonMember(2, 1)}, rdb.ZRange(ctx, "{"+name+"}:permits", 0, 0).Val())
+		assert.Equal(t, []string{redistest.RedissonPermit(2, 1)}, rdb.ZRange(ctx, "{"+name+"}:permits", 0, 0).Val())
 		assert.Equal(t, strconv.FormatInt(now+6000, 10), strconv.FormatFloat(rdb.ZRangeWithScores(ctx, "{"+name+"}:permits", -1, -1).Val()[0].Score, 'f', -1, 64))
 	})
 }

@@ -15,17 +15,11 @@ import (
 // runChecks measures what a limiter keeps in Redis (bytes, keys) and how the
 // token bucket's Redis time grows with its log, each on an emptied
 // database, into rep's sections.
-func runChecks(ctx context.Context, e *env, l *load, rep *report) error {
-	steps := []struct {
+func runChecks(ctx context.Context, e *env, rep *report) error {
+	for _, s := range []struct {
 		name string
 		run  func(context.Context, *env, *report) error
-	}{
-		{"memory", runMemory},
-		{"keys left", runKeysLeft},
-		{"keys under load", func(ctx context.Context, e *env, rep *report) error { return runLoaded(ctx, e, l, rep) }},
-		{"token bucket log size", runLogSize},
-	}
-	for _, s := range steps {
+	}{{"memory", runMemory}, {"keys left", runKeysLeft}, {"keys under load", runLoaded}, {"token bucket log size", runLogSize}} {
 		start := time.Now()
 		if err := e.admin.FlushAll(ctx).Err(); err != nil {
 			return err
@@ -45,25 +39,30 @@ const memoryName = "user:1234567"
 func runMemory(ctx context.Context, e *env, rep *report) error {
 	short, hour := redlimit.Per(1000, 200*time.Millisecond), redlimit.Per(1_000_000, time.Hour)
 	plain := redlimit.New(e.rdb)
+	named := func(c *redlimit.Client, alg algorithm, cfg redlimit.Config) *redlimit.Limiter {
+		return alg.new(c, memoryName).WithDefault(cfg)
+	}
+	stored := plain.Funnel(memoryName)
 	cases := []struct {
-		name    string
-		target  int64 // bytes; 0 for none
-		limiter func() (*redlimit.Limiter, error)
-		grants  int
+		name   string
+		target int64 // bytes; 0 for none
+		fill   func() error
 	}{
-		{"Funnel", 120, withDefault(plain, funnel, short), 1},
-		{"FixedWindow", 120, withDefault(plain, fixedWindow, short), 1},
-		{"SlidingWindow, 10 buckets", 120 + 16*10, slidingFilled(ctx, e.rdb, 10), 0},
-		{"SlidingWindow, 100 buckets", 120 + 16*100, slidingFilled(ctx, e.rdb, 100), 0},
-		{"TokenBucket", 0, withDefault(plain, tokenBucket, short), 1},
+		{"Funnel", 120, grants(ctx, named(plain, funnel, short), 1)},
+		{"FixedWindow", 120, grants(ctx, named(plain, fixedWindow, short), 1)},
+		{"SlidingWindow, 10 buckets", 120 + 16*10, slidingFilled(ctx, e.rdb, 10)},
+		{"SlidingWindow, 100 buckets", 120 + 16*100, slidingFilled(ctx, e.rdb, 100)},
+		{"TokenBucket", 0, grants(ctx, named(plain, tokenBucket, short), 1)},
 		// Below and above the size where Redis turns a small listpack zset into a skiplist (128).
-		{"TokenBucket, 100 grants in its log (`Per(1000000, 1h)`)", 0, withDefault(plain, tokenBucket, hour), 100},
-		{"TokenBucket, 1,000 grants in its log", 0, withDefault(plain, tokenBucket, hour), 1000},
-		{"Funnel, stored config (SetRate)", 0, func() (*redlimit.Limiter, error) {
-			l := plain.Funnel(memoryName)
-			return l, l.SetRate(ctx, short)
-		}, 1},
-		{"Funnel, WithRetryWindow(15s)", 0, withDefault(redlimit.New(e.rdb, redlimit.WithRetryWindow(15*time.Second)), funnel, short), 1},
+		{"TokenBucket, 100 grants in its log (`Per(1000000, 1h)`)", 0, grants(ctx, named(plain, tokenBucket, hour), 100)},
+		{"TokenBucket, 1,000 grants in its log", 0, grants(ctx, named(plain, tokenBucket, hour), 1000)},
+		{"Funnel, stored config (SetRate)", 0, func() error {
+			if err := stored.SetRate(ctx, short); err != nil {
+				return err
+			}
+			return grants(ctx, stored, 1)()
+		}},
+		{"Funnel, WithRetryWindow(15s)", 0, grants(ctx, named(redlimit.New(e.rdb, redlimit.WithRetryWindow(15*time.Second)), funnel, short), 1)},
 	}
 	s := rep.section("Memory", fmt.Sprintf("MEMORY USAGE (SAMPLES 0) of every key a limiter named `%s` holds (no prefix), right after\n", memoryName)+
 		"its grants: 1 on `Per(1000, 200ms)` unless the row says otherwise; the sliding windows: `Rate 1000,\n"+
@@ -73,7 +72,7 @@ func runMemory(ctx context.Context, e *env, rep *report) error {
 		if err := e.admin.FlushAll(ctx).Err(); err != nil {
 			return err
 		}
-		if err := grant(ctx, cs.limiter, cs.grants); err != nil {
+		if err := cs.fill(); err != nil {
 			return fmt.Errorf("%s: %w", cs.name, err)
 		}
 		keys, err := allKeys(ctx, e.admin)
@@ -89,41 +88,35 @@ func runMemory(ctx context.Context, e *env, rep *report) error {
 		target := "–"
 		if cs.target > 0 {
 			target = fmt.Sprintf("≤ %d", cs.target)
-			rep.judge(targetBytes, judge(cs.name, fmt.Sprintf("%d B (≤ %d)", bytes, cs.target), float64(bytes), float64(cs.target), false))
+			rep.judge(targetBytes, cs.name, fmt.Sprintf("%d B (≤ %d)", bytes, cs.target), float64(bytes), float64(cs.target), false)
 		}
 		s.row(cs.name, bytes, target, strings.Join(names, "<br>"))
 	}
 	return nil
 }
 
-func withDefault(c *redlimit.Client, alg algorithm, cfg redlimit.Config) func() (*redlimit.Limiter, error) {
-	return func() (*redlimit.Limiter, error) { return alg.new(c, memoryName).WithDefault(cfg), nil }
-}
-
-// grant makes a limiter and has it decide n requests, 8 at a time.
-func grant(ctx context.Context, limiter func() (*redlimit.Limiter, error), n int) error {
-	l, err := limiter()
-	if err != nil {
-		return err
+// grants has l decide n requests, 8 at a time.
+func grants(ctx context.Context, l *redlimit.Limiter, n int) func() error {
+	return func() error {
+		return parallel(ctx, 8, n, func(int) error { _, err := l.Allow(ctx, 1); return err })
 	}
-	return parallel(ctx, 8, n, func(int) error { _, err := l.Allow(ctx, 1); return err })
 }
 
-// slidingFilled makes a sliding window of 1 s whose every sub-window holds a
-// grant. Its client runs on a clock stepped one sub-window at a time, so no
-// grant is left to timing luck.
-func slidingFilled(ctx context.Context, rdb redis.Scripter, buckets int) func() (*redlimit.Limiter, error) {
-	return func() (*redlimit.Limiter, error) {
+// slidingFilled grants once in every sub-window of a sliding window of 1 s.
+// Its client runs on a clock stepped one sub-window at a time, so no grant
+// is left to timing luck.
+func slidingFilled(ctx context.Context, rdb redis.Scripter, buckets int) func() error {
+	return func() error {
 		now := time.Now()
 		cfg := redlimit.Config{Rate: 1000, Interval: time.Second, Buckets: buckets}
 		l := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now })).SlidingWindow(memoryName).WithDefault(cfg)
 		for range buckets {
 			if _, err := l.Allow(ctx, 1); err != nil {
-				return nil, err
+				return err
 			}
 			now = now.Add(cfg.Interval / time.Duration(buckets))
 		}
-		return l, nil
+		return nil
 	}
 }
 
@@ -147,11 +140,8 @@ func allKeys(ctx context.Context, admin *redis.Client) ([]keyBytes, error) {
 		if err == redis.Nil {
 			continue // expired since
 		}
-		if err != nil {
-			return nil, err
-		}
-		ttl, err := admin.PTTL(ctx, k).Result()
-		if err != nil {
+		ttl, err2 := admin.PTTL(ctx, k).Result()
+		if err := cmp.Or(err, err2); err != nil {
 			return nil, err
 		}
 		out = append(out, keyBytes{key: k, bytes: bytes, ttl: ttl})
@@ -173,28 +163,27 @@ func runKeysLeft(ctx context.Context, e *env, rep *report) error {
 		"| limiter | after | keys before | keys left | what is left |\n|---|---|--:|--:|---|")
 	for _, alg := range algorithms {
 		for _, cs := range []struct {
-			after   string
-			window  time.Duration // 0: off
-			clients int           // 2: a stored config, then Delete
-		}{{"drained", 0, 1}, {"drained, WithRetryWindow(200ms)", short.Interval, 1}, {"Delete", 15 * time.Second, 2}} {
+			after  string
+			window time.Duration // 0: off
+		}{{"drained", 0}, {"drained, WithRetryWindow(200ms)", short.Interval}, {"Delete", 15 * time.Second}} {
 			if err := e.admin.FlushAll(ctx).Err(); err != nil {
 				return err
 			}
+			del := cs.after == "Delete"
 			var l *redlimit.Limiter
-			for range cs.clients {
-				err := grant(ctx, func() (*redlimit.Limiter, error) {
-					l = alg.new(redlimit.New(e.rdb, redlimit.WithRetryWindow(cs.window)), memoryName)
-					if cs.clients == 1 {
-						return l.WithDefault(short), nil
-					}
-					return l, l.SetRate(ctx, perClient)
-				}, 50)
-				if err != nil {
+			for range 1 + b2u(del) { // Delete: from two Clients, so two clients' keys
+				l = alg.new(redlimit.New(e.rdb, redlimit.WithRetryWindow(cs.window)), memoryName)
+				if !del {
+					l = l.WithDefault(short)
+				} else if err := l.SetRate(ctx, perClient); err != nil {
+					return err
+				}
+				if err := grants(ctx, l, 50)(); err != nil {
 					return err
 				}
 			}
 			before := e.admin.DBSize(ctx).Val()
-			if cs.clients == 1 {
+			if !del {
 				time.Sleep(short.Interval + 300*time.Millisecond)
 			} else if _, err := l.Delete(ctx); err != nil {
 				return err
@@ -208,7 +197,7 @@ func runKeysLeft(ctx context.Context, e *env, rep *report) error {
 				names = append(names, fmt.Sprintf("`%q` ttl %s", k.key, fmtTTL(k.ttl)))
 			}
 			s.row(alg.name, cs.after, before, len(left), cmp.Or(strings.Join(names, "<br>"), "nothing"))
-			rep.judge(targetKeysLeft, judge(alg.name+", "+cs.after, fmt.Sprint(len(left)), float64(len(left)), 0, false))
+			rep.judge(targetKeysLeft, alg.name+", "+cs.after, fmt.Sprint(len(left)), float64(len(left)), 0, false)
 		}
 	}
 	return nil
@@ -217,33 +206,18 @@ func runKeysLeft(ctx context.Context, e *env, rep *report) error {
 // runLoaded counts the keys in Redis right after 64 callers decided for 2 s
 // over -keys limiters, with a limit that never denies and whose state
 // outlives the run, so that every limiter touched still holds all its keys.
-func runLoaded(ctx context.Context, e *env, l *load, rep *report) error {
-	callers, limiters, span := 64, rep.keys, 2*time.Second
-	run := &load{env: e, callers: l.callers, warmup: l.warmup, duration: span}
+func runLoaded(ctx context.Context, e *env, rep *report) error {
+	callers, limiters := 64, rep.keys
+	run := &load{env: e, warmup: rep.warmup, duration: 2 * time.Second}
 	long := redlimit.Per(bigRate, 1000*time.Hour) // a grant keeps a funnel's state 3.6 s
 	s := rep.section("", fmt.Sprintf("DBSIZE right after %d callers decided for %v over %s limiters, at `Per(%d, 1000h)`: it never\n",
-		callers, span, fmtRate(float64(limiters)), bigRate)+
+		callers, run.duration, fmtRate(float64(limiters)), bigRate)+
 		"denies, and each grant keeps a limiter's state 3.6 s longer, so every limiter touched still holds its keys.",
 		"| limiter | decisions | keys in Redis | keys per limiter |\n|---|--:|--:|--:|")
-	for _, cs := range []struct {
-		name string
-		alg  algorithm
-		opts []redlimit.Option
-	}{
-		{"Funnel", funnel, nil},
-		{"FixedWindow", fixedWindow, nil},
-		{"SlidingWindow", slidingWindow, nil},
-		{"TokenBucket", tokenBucket, nil},
-		{"Funnel, WithRetryWindow(15s)", funnel, []redlimit.Option{redlimit.WithRetryWindow(15 * time.Second)}},
-	} {
-		if err := e.admin.FlushAll(ctx).Err(); err != nil {
-			return err
-		}
-		decide, err := ours(cs.name, cs.alg, e.rdb, long, nil, cs.opts...).prepare(ctx, limiters)
-		if err != nil {
-			return err
-		}
-		sm, err := run.run(ctx, decide, callers, limiters)
+	contenders := everyAlgorithm("", e.rdb, long, nil)
+	contenders = append(contenders, ours("Funnel, WithRetryWindow(15s)", funnel, e.rdb, long, nil, redlimit.WithRetryWindow(15*time.Second)))
+	for _, c := range contenders {
+		sm, err := run.measure(ctx, c, callers, limiters)
 		if err != nil {
 			return err
 		}
@@ -251,10 +225,10 @@ func runLoaded(ctx context.Context, e *env, l *load, rep *report) error {
 		if err != nil {
 			return err
 		}
-		s.row(cs.name, fmtRate(float64(sm.decisions)), fmtRate(float64(n)), float64(n)/float64(limiters))
-		if cs.name == "Funnel" {
+		s.row(c.name, fmtRate(float64(sm.decisions)), fmtRate(float64(n)), float64(n)/float64(limiters))
+		if c.name == funnel.name {
 			figure := fmt.Sprintf("%s keys; %s limiters, %d callers, %s decisions", fmtRate(float64(n)), fmtRate(float64(limiters)), callers, fmtRate(float64(sm.decisions)))
-			rep.judge(targetKeysLoaded, judge("", figure, float64(n), float64(limiters), false))
+			rep.judge(targetKeysLoaded, "", figure, float64(n), float64(limiters), false)
 		}
 	}
 	return nil

@@ -83,15 +83,15 @@ func peer(rdb *redis.Client, perSecond int) *contender {
 
 // algorithm names a redlimit algorithm and how to get its limiter.
 type algorithm struct {
-	name, short string
-	new         func(c *redlimit.Client, name string) *redlimit.Limiter
+	name string
+	new  func(c *redlimit.Client, name string) *redlimit.Limiter
 }
 
 var (
-	tokenBucket   = algorithm{"TokenBucket", "tb", (*redlimit.Client).TokenBucket}
-	funnel        = algorithm{"Funnel", "funnel", (*redlimit.Client).Funnel}
-	fixedWindow   = algorithm{"FixedWindow", "fixed", (*redlimit.Client).FixedWindow}
-	slidingWindow = algorithm{"SlidingWindow", "sliding", (*redlimit.Client).SlidingWindow}
+	tokenBucket   = algorithm{"TokenBucket", (*redlimit.Client).TokenBucket}
+	funnel        = algorithm{"Funnel", (*redlimit.Client).Funnel}
+	fixedWindow   = algorithm{"FixedWindow", (*redlimit.Client).FixedWindow}
+	slidingWindow = algorithm{"SlidingWindow", (*redlimit.Client).SlidingWindow}
 	algorithms    = []algorithm{tokenBucket, funnel, fixedWindow, slidingWindow}
 )
 
@@ -105,7 +105,7 @@ func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, s
 		// A new Client each slice: a local deny cache must not carry
 		// denials over from a database since flushed.
 		client := redlimit.New(rdb, opts...)
-		names := keyNames(alg.short, keys)
+		names := keyNames(alg.name, keys)
 		limiters := make([]*redlimit.Limiter, keys)
 		for i, n := range names {
 			limiters[i] = alg.new(client, n).WithDefault(cfg)

@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // tally counts decisions.
@@ -46,6 +50,19 @@ type load struct {
 	env              *env
 	callers          []caller // reused across slices: 16 KiB each
 	warmup, duration time.Duration
+}
+
+// measure runs c's slice on an empty database, so that no contender pays
+// for another's keys (big logs, expiring state).
+func (l *load) measure(ctx context.Context, c *contender, callers, keys int) (sample, error) {
+	if err := l.env.admin.FlushAll(ctx).Err(); err != nil {
+		return sample{}, err
+	}
+	decide, err := c.prepare(ctx, keys)
+	if err != nil {
+		return sample{}, err
+	}
+	return l.run(ctx, decide, callers, keys)
 }
 
 // run calls decide from n callers on random keys among keys: a warm-up
@@ -172,4 +189,27 @@ func median(xs []float64) float64 {
 		return s[m]
 	}
 	return (s[m-1] + s[m]) / 2
+}
+
+// infoField returns one "name:value" field of INFO section, or "" when
+// there is none.
+func infoField(ctx context.Context, admin *redis.Client, section, name string) (string, error) {
+	info, err := admin.Info(ctx, section).Result()
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v, err
+		}
+	}
+	return "", err
+}
+
+// evalshaStats reads the calls and average server time of EVALSHA since the
+// last CONFIG RESETSTAT: the script's own cost, without network or client
+// time. Both are 0 when no EVALSHA ran (every decision was local).
+func evalshaStats(ctx context.Context, admin *redis.Client) (calls int64, usec float64, err error) {
+	v, err := infoField(ctx, admin, "commandstats", "cmdstat_evalsha")
+	if err == nil && v != "" {
+		_, err = fmt.Sscanf(v, "calls=%d,usec=%g,usec_per_call=%g", &calls, new(float64), &usec)
+	}
+	return calls, usec, err
 }

@@ -1,7 +1,8 @@
 // Command bench measures redlimit against the one-round-trip ceiling (a
 // trivial EVALSHA) and against github.com/go-redis/redis_rate, on a
-// redis-server it starts for itself (the first on PATH), and writes the
-// figures to BENCHMARKS.md. The tests own correctness; this measures.
+// redis-server it starts for itself (the first on PATH, through
+// internal/redistest as the tests start theirs), and writes the figures to
+// BENCHMARKS.md. The tests own correctness; this measures.
 //
 // From the repository root:
 //
@@ -29,16 +30,16 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 type options struct {
-	rounds            int
-	duration, warmup  time.Duration
-	callers           []int
-	callersFlag       string
-	keys              int
-	throughput, check bool
-	out               string
+	rounds           int
+	duration, warmup time.Duration
+	callers          []int
+	callersFlag      string
+	keys             int
+	out              string
 }
 
 func main() {
@@ -48,8 +49,6 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 100*time.Millisecond, "unmeasured time before each measurement")
 	flag.StringVar(&o.callersFlag, "callers", "1,64,512", "comma-separated numbers of concurrent callers")
 	flag.IntVar(&o.keys, "keys", 10000, "keys the callers spread over (besides the one-hot-key scenario)")
-	flag.BoolVar(&o.throughput, "throughput", true, "run the throughput rounds")
-	flag.BoolVar(&o.check, "checks", true, "run the one-caller, allocation, memory, keys and log-size measurements")
 	flag.StringVar(&o.out, "out", "BENCHMARKS.md", "file the report is written to; '' for stdout only")
 	flag.Parse()
 	for _, f := range strings.Split(o.callersFlag, ",") {
@@ -74,7 +73,9 @@ func main() {
 func run(o options) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	addr, stop, err := startServer()
+	// The benchmark flushes this server between measurements, which is why
+	// it never touches any other Redis.
+	srv, stop, err := redistest.Launch()
 	if err != nil {
 		return err
 	}
@@ -83,8 +84,8 @@ func run(o options) error {
 	// 10 × GOMAXPROCS connections, RESP3). admin runs FLUSHALL and INFO on
 	// connections of its own, so those never queue behind the load.
 	e := &env{
-		rdb:   redis.NewClient(&redis.Options{Addr: addr}),
-		admin: redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2}),
+		rdb:   redis.NewClient(&redis.Options{Addr: srv.Addr()}),
+		admin: redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 2}),
 	}
 	defer e.admin.Close()
 	defer e.rdb.Close() // closes the AutoPipeliner too
@@ -95,34 +96,32 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	l := &load{env: e, warmup: o.warmup, duration: o.duration}
-	if o.throughput {
-		rep.scenarios = makeScenarios(e, o)
-	}
+	rep.scenarios = makeScenarios(e, o)
+	l := &load{env: e, warmup: o.warmup}
 	for round := range o.rounds {
 		for _, sc := range rep.scenarios {
-			part := *l
-			part.duration /= time.Duration(sc.parts)
+			l.duration = o.duration / time.Duration(sc.parts)
 			for p := range sc.parts {
 				// Rotate the order each time so no contender always follows
 				// the same one.
 				for k := range sc.contenders {
 					c := sc.contenders[(k+round*sc.parts+p)%len(sc.contenders)]
-					s, err := measureOne(ctx, e, &part, sc, c)
+					s, err := l.measure(ctx, c, sc.callers, sc.keys)
 					if err != nil {
 						return fmt.Errorf("round %d, %s, %s: %w", round+1, sc.name, c.name, err)
 					}
 					c.samples = append(c.samples, s)
 					log("round %d/%d  %-28s %-40s %9.0f/s  %6.2f µs  p99 %-9v allocs %5.1f  errors %d",
 						round+1, o.rounds, sc.name, c.name, s.rate, s.usec, s.p99, s.allocs, s.errors)
+					if s.firstErr != nil {
+						log("first error: %v", s.firstErr)
+					}
 				}
 			}
 		}
 	}
-	if o.check {
-		if err := runChecks(ctx, e, l, rep); err != nil {
-			return err
-		}
+	if err := runChecks(ctx, e, rep); err != nil {
+		return err
 	}
 	text := rep.markdown()
 	fmt.Print(text)
@@ -146,21 +145,21 @@ type scenario struct {
 }
 
 func (sc *scenario) find(name string) *contender {
-	for _, c := range sc.contenders {
-		if c.name == name {
-			return c
-		}
+	if i := slices.IndexFunc(sc.contenders, func(c *contender) bool { return c.name == name }); i >= 0 {
+		return sc.contenders[i]
 	}
 	return nil
 }
 
-// The limit of the throughput scenarios is far above what the machine can
-// decide, so every contender grants every request and does the same work.
-const bigRate = 1_000_000
-
-// floodRate is the limit of the flood scenario: one hot key hammered by all
-// callers, so nearly every request is denied.
-const floodRate = 100
+const (
+	// bigRate is the limit of the throughput scenarios: far above what the
+	// machine can decide, so every contender grants every request and does
+	// the same work.
+	bigRate = 1_000_000
+	// floodRate is the limit of the flood scenario: one hot key hammered by
+	// all callers, so nearly every request is denied.
+	floodRate = 100
+)
 
 // makeScenarios: one caller, where each figure is as close to a call's own
 // cost (Redis µs, Go allocations) as a shared machine allows; then many
@@ -170,48 +169,32 @@ func makeScenarios(e *env, o options) []*scenario {
 	big, small := redlimit.PerSecond(bigRate), redlimit.PerSecond(floodRate)
 	var out []*scenario
 	for _, callers := range o.callers {
+		if callers == 1 {
+			// The Redis µs of one caller are what the targets compare, and
+			// a shared machine moves them by the second: many short turns
+			// pair each contender's with its peers' closely. A stored
+			// config (SetRate) costs the script a little more than a
+			// default; one scenario is enough to show how much. With one
+			// caller, the key count hardly changes the cost.
+			out = append(out, &scenario{name: "1 caller, 1000 keys", callers: 1, keys: 1000, parts: 4,
+				contenders: slices.Concat([]*contender{ceiling("trivial EVALSHA", e.rdb), shaped(e.rdb), peer(e.rdb, bigRate)},
+					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", stored config", e.rdb, big, e.ap))})
+			continue
+		}
 		for _, keys := range []int{o.keys, 1} {
 			name := fmt.Sprintf("%d callers, %d keys", callers, keys)
 			if keys == 1 {
 				name = fmt.Sprintf("%d callers, 1 hot key", callers)
 			}
-			sc := &scenario{name: name, callers: callers, keys: keys, parts: 1}
-			sc.contenders = append(sc.contenders, ceiling("trivial EVALSHA", e.rdb))
-			if callers == 1 {
-				// The Redis µs of one caller are what the targets compare,
-				// and a shared machine moves them by the second: many short
-				// turns pair each contender's with its peers' closely.
-				sc.parts, sc.keys, sc.name = 4, 1000, "1 caller, 1000 keys"
-				// A stored config (SetRate) costs the script a little more
-				// than a default; one scenario is enough to show how much.
-				sc.contenders = slices.Concat(sc.contenders, []*contender{shaped(e.rdb), peer(e.rdb, bigRate)},
-					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", stored config", e.rdb, big, e.ap))
-				out = append(out, sc)
-				break // with one caller, the key count hardly changes the cost
-			}
-			sc.contenders = slices.Concat(sc.contenders, []*contender{ceiling("trivial EVALSHA, auto-pipelined", e.ap), peer(e.rdb, bigRate)},
-				everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", auto-pipelined", e.ap, big, nil))
-			out = append(out, sc)
+			out = append(out, &scenario{name: name, callers: callers, keys: keys, parts: 1,
+				contenders: slices.Concat([]*contender{ceiling("trivial EVALSHA", e.rdb), ceiling("trivial EVALSHA, auto-pipelined", e.ap), peer(e.rdb, bigRate)},
+					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", auto-pipelined", e.ap, big, nil))})
 		}
 	}
 	callers := o.callers[len(o.callers)-1]
-	flood := &scenario{name: fmt.Sprintf("flood: %d callers, 1 key, %d/s", callers, floodRate), callers: callers, keys: 1, parts: 1, flood: true}
-	flood.contenders = slices.Concat([]*contender{peer(e.rdb, floodRate)},
-		everyAlgorithm("", e.rdb, small, nil), everyAlgorithm(", local cache", e.rdb, small, nil, redlimit.WithLocalCache()))
-	return append(out, flood)
-}
-
-// measureOne runs one contender's slice on an empty database, so that no
-// contender pays for another's keys (big logs, expiring state).
-func measureOne(ctx context.Context, e *env, l *load, sc *scenario, c *contender) (sample, error) {
-	if err := e.admin.FlushAll(ctx).Err(); err != nil {
-		return sample{}, err
-	}
-	decide, err := c.prepare(ctx, sc.keys)
-	if err != nil {
-		return sample{}, err
-	}
-	return l.run(ctx, decide, sc.callers, sc.keys)
+	return append(out, &scenario{name: fmt.Sprintf("flood: %d callers, 1 key, %d/s", callers, floodRate), callers: callers, keys: 1, parts: 1, flood: true,
+		contenders: slices.Concat([]*contender{peer(e.rdb, floodRate)},
+			everyAlgorithm("", e.rdb, small, nil), everyAlgorithm(", local cache", e.rdb, small, nil, redlimit.WithLocalCache()))})
 }
 
 func log(format string, a ...any) {

@@ -1,11 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,20 +21,20 @@ type report struct {
 	machine   string // the rows of the machine table known before the run
 	scenarios []*scenario
 	sections  []*section
-	measures  map[string][]measure // by target
+	verdicts  map[string]verdict // by target
 }
 
 func newReport(ctx context.Context, e *env, o options) (*report, error) {
 	cpu := "unknown CPU"
 	b, _ := os.ReadFile("/proc/cpuinfo")
-	for _, line := range strings.Split(string(b), "\n") {
+	for line := range strings.Lines(string(b)) {
 		if name, value, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(name) == "model name" {
 			cpu = strings.TrimSpace(value)
 			break
 		}
 	}
 	version, err := infoField(ctx, e.admin, "server", "redis_version")
-	if v, vErr := infoField(ctx, e.admin, "server", "valkey_version"); vErr == nil {
+	if v, _ := infoField(ctx, e.admin, "server", "valkey_version"); v != "" {
 		version = fmt.Sprintf("Valkey %s (redis_version %s)", v, version)
 	}
 	m := fmt.Sprintf("| CPU | %s, %d cores (shared by the Go client and redis-server) |\n", cpu, runtime.NumCPU()) +
@@ -44,7 +45,7 @@ func newReport(ctx context.Context, e *env, o options) (*report, error) {
 		fmt.Sprintf("| flags | `-rounds %d -duration %v -warmup %v -callers %s -keys %d` |\n", o.rounds, o.duration, o.warmup, o.callersFlag, o.keys) +
 		fmt.Sprintf("| load average | %s before the run, ", loadAverage())
 	log("machine: %s, %d cores, %s, Redis %s", cpu, runtime.NumCPU(), runtime.Version(), version)
-	return &report{options: o, started: time.Now(), machine: m, measures: map[string][]measure{}}, err
+	return &report{options: o, started: time.Now(), machine: m, verdicts: map[string]verdict{}}, err
 }
 
 // loadAverage returns the 1, 5 and 15 minute load averages, or "?".
@@ -81,10 +82,11 @@ func (s *section) row(cells ...any) {
 	s.rows = append(s.rows, b.String()+"|")
 }
 
-func (c *contender) med(f func(sample) float64) float64 {
-	xs := make([]float64, len(c.samples))
-	for i, s := range c.samples {
-		xs[i] = f(s)
+// med is the median over the rounds of one figure of c's samples.
+func (c *contender) med(figure func(sample) float64) float64 {
+	var xs []float64
+	for _, s := range c.samples {
+		xs = append(xs, figure(s))
 	}
 	return median(xs)
 }
@@ -92,6 +94,8 @@ func (c *contender) med(f func(sample) float64) float64 {
 func rate(s sample) float64   { return s.rate }
 func usec(s sample) float64   { return s.usec }
 func allocs(s sample) float64 { return s.allocs }
+func p50(s sample) float64    { return float64(s.p50) }
+func p99(s sample) float64    { return float64(s.p99) }
 
 // pairedRatio is the median over rounds of a's figure over b's in the same
 // round: the two were measured minutes apart at most, so a slower machine
@@ -108,14 +112,11 @@ func pairedRatio(a, b *contender, figure func(sample) float64) float64 {
 
 // spread is (highest − lowest) ÷ median decisions/s over the rounds.
 func (c *contender) spread() string {
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, s := range c.samples {
-		lo, hi = min(lo, s.rate), max(hi, s.rate)
-	}
 	if len(c.samples) < 2 || c.med(rate) == 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.0f%%", 100*(hi-lo)/c.med(rate))
+	cmpRate := func(a, b sample) int { return cmp.Compare(a.rate, b.rate) }
+	return fmt.Sprintf("%.0f%%", 100*(slices.MaxFunc(c.samples, cmpRate).rate-slices.MinFunc(c.samples, cmpRate).rate)/c.med(rate))
 }
 
 func (rep *report) markdown() string {
@@ -132,17 +133,15 @@ func (rep *report) markdown() string {
 		rep.machine, loadAverage())
 	w("| date | %s (run took %v) |\n\n", rep.started.UTC().Format("2006-01-02 15:04 MST"), time.Since(rep.started).Round(time.Second))
 
-	if len(rep.scenarios) > 0 {
-		w("## Throughput\n\n")
-		w("Limits: redlimit `PerSecond(%d)` through `WithDefault` (nothing stored) unless the row says\n", bigRate)
-		w("\"stored config\" (`SetRate` before the run); redis_rate `PerSecond(%d)` (burst %d). The limits\n", bigRate, bigRate)
-		w("are far above what this machine decides, so every request is granted and all do the same work.\n\n")
-		w("Columns: decisions/s; spread: (highest − lowest) ÷ median of the rounds' decisions/s, how much\n")
-		w("the machine moved the figure; × trivial: ratio to the trivial EVALSHA's decisions/s in the same round;\n")
-		w("Redis µs: `usec_per_call` of `cmdstat_evalsha` (INFO commandstats, reset before each slice):\n")
-		w("the script's time on the server alone; p50/p99: latency of one decision seen by the caller;\n")
-		w("allocs: Go heap allocations per decision, whole process (runtime.MemStats.Mallocs).\n\n")
-	}
+	w("## Throughput\n\n")
+	w("Limits: redlimit `PerSecond(%d)` through `WithDefault` (nothing stored) unless the row says\n", bigRate)
+	w("\"stored config\" (`SetRate` before the run); redis_rate `PerSecond(%d)` (burst %d). The limits\n", bigRate, bigRate)
+	w("are far above what this machine decides, so every request is granted and all do the same work.\n\n")
+	w("Columns: decisions/s; spread: (highest − lowest) ÷ median of the rounds' decisions/s, how much\n")
+	w("the machine moved the figure; × trivial: ratio to the trivial EVALSHA's decisions/s in the same round;\n")
+	w("Redis µs: `usec_per_call` of `cmdstat_evalsha` (INFO commandstats, reset before each slice):\n")
+	w("the script's time on the server alone; p50/p99: latency of one decision seen by the caller;\n")
+	w("allocs: Go heap allocations per decision, whole process (runtime.MemStats.Mallocs).\n\n")
 	var stored []string
 	for _, sc := range rep.scenarios {
 		w("### %s\n\n", sc.name)
@@ -152,6 +151,7 @@ func (rep *report) markdown() string {
 			w("(`redlimit.WithLocalCache`) the Go side takes both cores, so the few scripts that still run wait\n")
 			w("for the CPU, which shows in their Redis µs.\n\n")
 			w("| contender | decisions/s | × uncached | denied | round trips | Redis µs | p50 | p99 | allocs | errors |\n")
+			w("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		} else {
 			if sc.parts > 1 {
 				w("One caller: Redis µs as close to each script's own cost, and allocs to each call's, as a shared\n")
@@ -159,9 +159,8 @@ func (rep *report) markdown() string {
 				w("round gives every contender %d turns of %v, so that ratios pair turns close in time.\n\n", sc.parts, rep.duration/time.Duration(sc.parts))
 			}
 			w("| contender | decisions/s | spread | × trivial | Redis µs | p50 | p99 | allocs | errors |\n")
+			w("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		}
-		w("|---|--:|--:|--:|--:|--:|--:|--:|--:|%s\n", map[bool]string{true: "--:|"}[sc.flood])
-		var notes []string
 		for _, c := range sc.contenders {
 			var t tally
 			var calls int64
@@ -169,11 +168,7 @@ func (rep *report) markdown() string {
 				t.add(s.tally)
 				calls += s.calls
 			}
-			if t.errors > 0 {
-				notes = append(notes, fmt.Sprintf("- **%s: %d errors**, first: `%v`\n", c.name, t.errors, t.firstErr))
-			}
-			tail := fmt.Sprintf("| %.2f | %s | %s | %.1f | %d |\n", c.med(usec), fmtDur(c.med(func(s sample) float64 { return float64(s.p50) })),
-				fmtDur(c.med(func(s sample) float64 { return float64(s.p99) })), c.med(allocs), t.errors)
+			tail := fmt.Sprintf("| %.2f | %s | %s | %.1f | %d |\n", c.med(usec), fmtDur(c.med(p50)), fmtDur(c.med(p99)), c.med(allocs), t.errors)
 			if sc.flood {
 				vs := "–"
 				if u := sc.find(strings.TrimSuffix(c.name, ", local cache")); u != c {
@@ -184,19 +179,12 @@ func (rep *report) markdown() string {
 				continue
 			}
 			w("| %s | %s | %s | %.2f %s", c.name, fmtRate(c.med(rate)), c.spread(), pairedRatio(c, sc.contenders[0], rate), tail)
-			// The throughput limits are meant never to deny: say so if they did.
-			if denied := t.decisions - t.allowed - t.errors; denied > 0 && !strings.HasPrefix(c.name, "trivial") {
-				notes = append(notes, fmt.Sprintf("- %s denied %d of %d requests\n", c.name, denied, t.decisions))
-			}
 			if base, ok := strings.CutSuffix(c.name, ", stored config"); ok {
 				def := sc.find(base)
 				stored = append(stored, fmt.Sprintf("| %s | %s | %.2f | %+.2f |\n", sc.name, base, pairedRatio(c, def, rate), c.med(usec)-def.med(usec)))
 			}
 		}
-		w("\n%s", strings.Join(notes, ""))
-		if len(notes) > 0 {
-			w("\n")
-		}
+		w("\n")
 	}
 	if len(stored) > 0 {
 		w("### Stored config (SetRate) against WithDefault\n\n")
@@ -214,7 +202,7 @@ func (rep *report) markdown() string {
 	w("Judged on this run's figures; a miss says by how much, as a share of the target.\n\n")
 	w("| target | figures | status |\n|---|---|---|\n")
 	for _, t := range targets {
-		w("%s", targetRow(t, rep.measures[t]))
+		w("%s", rep.verdicts[t].row(t))
 	}
 	return b.String()
 }
@@ -238,110 +226,97 @@ const (
 var targets = []string{targetUsec, targetUsecStretch, targetUsecSliding, targetUsecTB, targetRate, targetRateSliding,
 	targetRateTB, targetPipelined, targetAllocs, targetKeysLoaded, targetKeysLeft, targetBytes}
 
-// ratioTargets are the targets on a ratio to redis_rate's figure, by algorithm.
-var ratioTargets = []struct {
-	alg                    string
-	usec, rate             float64 // at most, at least
-	usecTarget, rateTarget string
-}{
-	{"Funnel", 1, 1, targetUsec, targetRate},
-	{"FixedWindow", 1, 1, targetUsec, targetRate},
-	{"SlidingWindow", 1.3, 0.9, targetUsecSliding, targetRateSliding},
-	{"TokenBucket", 1.6, 0.8, targetUsecTB, targetRateTB},
-}
-
-func (rep *report) judge(target string, m measure) {
-	rep.measures[target] = append(rep.measures[target], m)
-}
-
+// throughputTargets judges the targets on the throughput scenarios' figures:
+// those on a ratio to redis_rate's, by algorithm, and the allocations.
 func (rep *report) throughputTargets() {
 	for _, sc := range rep.scenarios {
-		peer := sc.find("redis_rate")
 		if sc.flood {
 			continue
 		}
-		if sc.callers == 1 {
-			for _, t := range ratioTargets {
-				c := sc.find(t.alg)
-				x := pairedRatio(c, peer, usec)
+		peer := sc.find("redis_rate")
+		for _, t := range []struct {
+			alg                    string
+			usec, rate             float64 // at most, at least
+			usecTarget, rateTarget string
+		}{
+			{"Funnel", 1, 1, targetUsec, targetRate},
+			{"FixedWindow", 1, 1, targetUsec, targetRate},
+			{"SlidingWindow", 1.3, 0.9, targetUsecSliding, targetRateSliding},
+			{"TokenBucket", 1.6, 0.8, targetUsecTB, targetRateTB},
+		} {
+			c := sc.find(t.alg)
+			if x := pairedRatio(c, peer, usec); sc.callers == 1 {
 				figure := fmt.Sprintf("%.2f× (%.2f vs %.2f µs)", x, c.med(usec), peer.med(usec))
-				rep.judge(t.usecTarget, judge(t.alg, figure, x, t.usec, false))
+				rep.judge(t.usecTarget, t.alg, figure, x, t.usec, false)
 				if t.usec == 1 {
-					rep.judge(targetUsecStretch, judge(t.alg, figure, x, 0.8, false))
+					rep.judge(targetUsecStretch, t.alg, figure, x, 0.8, false)
 				}
 			}
-			for _, c := range sc.contenders[3:] { // ours
-				rep.judge(targetAllocs, judge(c.name, fmt.Sprintf("%.1f", c.med(allocs)), c.med(allocs), 14, false))
+			if x := pairedRatio(c, peer, rate); sc.callers == 64 && sc.keys == 10000 {
+				rep.judge(t.rateTarget, t.alg, fmt.Sprintf("%.2f× (%s vs %s/s)", x, fmtRate(c.med(rate)), fmtRate(peer.med(rate))), x, t.rate, true)
 			}
 		}
-		if sc.callers == 64 && sc.keys == 10000 {
-			for _, t := range ratioTargets {
-				c := sc.find(t.alg)
-				x := pairedRatio(c, peer, rate)
-				rep.judge(t.rateTarget, judge(t.alg, fmt.Sprintf("%.2f× (%s vs %s/s)", x, fmtRate(c.med(rate)), fmtRate(peer.med(rate))), x, t.rate, true))
+		for _, c := range sc.contenders[3:] { // ours
+			if sc.callers == 1 {
+				rep.judge(targetAllocs, c.name, fmt.Sprintf("%.1f", c.med(allocs)), c.med(allocs), 14, false)
 			}
 		}
-		if c := sc.find("Funnel, auto-pipelined"); sc.callers == 512 && c != nil {
+		if sc.callers == 512 {
 			// Redis runs one script at a time: 1e6 ÷ its µs per call is the
 			// most any client can get from it.
+			c := sc.find("Funnel, auto-pipelined")
 			x, u := pairedRatio(c, peer, rate), c.med(usec)
-			rep.judge(targetPipelined, judge(sc.name, fmt.Sprintf("%.2f× (%s vs %s/s; at %.1f Redis µs a call, Redis caps it at %s/s)",
-				x, fmtRate(c.med(rate)), fmtRate(peer.med(rate)), u, fmtRate(1e6/u)), x, 2, true))
+			rep.judge(targetPipelined, sc.name, fmt.Sprintf("%.2f× (%s vs %s/s; at %.1f Redis µs a call, Redis caps it at %s/s)",
+				x, fmtRate(c.med(rate)), fmtRate(peer.med(rate)), u, fmtRate(1e6/u)), x, 2, true)
 		}
 	}
 }
 
-// measure is one figure a target is judged on.
-type measure struct {
-	text string // where: figure, and by how much it missed
-	met  bool
+// verdict is a target judged on this run: the figures it was measured on,
+// and how many of them missed it.
+type verdict struct {
+	figures []string
+	missed  int
 }
 
-// judge compares x with want: at least want (higher is better) or at most.
-// A miss says by how much, as a share of the target.
-func judge(where, figure string, x, want float64, higherIsBetter bool) measure {
-	m := measure{text: strings.TrimPrefix(where+": "+figure, ": ")}
+// judge records figure, measured at where, for target: x is at most want,
+// or at least want when higherIsBetter. A miss says by how much, as a share
+// of the target.
+func (rep *report) judge(target, where, figure string, x, want float64, higherIsBetter bool) {
+	v := rep.verdicts[target]
+	figure = strings.TrimPrefix(where+": "+figure, ": ")
 	off := x - want
 	if higherIsBetter {
 		off = -off
 	}
 	switch {
 	case off <= 0:
-		m.met = true
 	case want > 0:
-		m.text += fmt.Sprintf(" (**missed** by %.0f%%)", 100*off/want)
+		figure += fmt.Sprintf(" (**missed** by %.0f%%)", 100*off/want)
 	default:
-		m.text += " (**missed**)"
+		figure += " (**missed**)"
 	}
-	return m
+	v.figures = append(v.figures, figure)
+	v.missed += int(b2u(off > 0))
+	rep.verdicts[target] = v
 }
 
-// targetRow sums up one target over the places it was measured: met when
-// met everywhere.
-func targetRow(what string, ms []measure) string {
-	var texts []string
-	missed := 0
-	for _, m := range ms {
-		texts = append(texts, m.text)
-		missed += int(b2u(!m.met))
-	}
+// row sums up target: met when met everywhere it was measured.
+func (v verdict) row(target string) string {
 	status := "**met**"
-	if len(ms) == 0 {
+	if len(v.figures) == 0 {
 		status = "not measured"
-	} else if missed > 0 {
-		status = fmt.Sprintf("**missed** (%d of %d)", missed, len(ms))
+	} else if v.missed > 0 {
+		status = fmt.Sprintf("**missed** (%d of %d)", v.missed, len(v.figures))
 	}
-	return fmt.Sprintf("| %s | %s | %s |\n", what, strings.Join(texts, "<br>"), status)
+	return fmt.Sprintf("| %s | %s | %s |\n", target, strings.Join(v.figures, "<br>"), status)
 }
 
 // fmtRate writes a count with thousands separators: 41203 → "41,203".
 func fmtRate(x float64) string {
-	s := fmt.Sprintf("%.0f", math.Abs(x))
+	s := fmt.Sprintf("%.0f", x)
 	for i := len(s) - 3; i > 0; i -= 3 {
 		s = s[:i] + "," + s[i:]
-	}
-	if x <= -0.5 {
-		return "-" + s
 	}
 	return s
 }
@@ -349,16 +324,16 @@ func fmtRate(x float64) string {
 // fmtDur writes a latency in µs below 10 ms (with a decimal below 10 µs)
 // and in ms above; "–" for none.
 func fmtDur(ns float64) string {
-	us := ns / 1e3
-	switch {
+	switch us := ns / 1e3; {
 	case ns <= 0:
 		return "–"
 	case us < 10:
 		return fmt.Sprintf("%.1fµs", us)
 	case us < 10_000:
 		return fmt.Sprintf("%.0fµs", us)
+	default:
+		return fmt.Sprintf("%.1fms", us/1e3)
 	}
-	return fmt.Sprintf("%.1fms", us/1e3)
 }
 
 // fmtTTL writes a PTTL reply: -1 (no expiry) as "none".

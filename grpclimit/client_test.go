@@ -81,7 +81,7 @@ func costFromMetadata(ctx context.Context, _ string, _ any) int64 {
 func TestClientWaits(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		now := new(redistest.Clock)
-		name := uniqueName(t)
+		name := redistest.UniqueName(t, "grpclimit-test:")
 		cfg := redlimit.PerSecond(2)
 		addr, reached := upstream(t)
 
@@ -107,7 +107,7 @@ func TestClientWaits(t *testing.T) {
 
 		const tooLong = "grpclimit: the rate limit's wait would pass the call's deadline"
 		steps := []struct {
-			at        time.Duration // since windowStart; 0 keeps the clock where it is
+			at        time.Duration // since redistest.WindowStart; 0 keeps the clock where it is
 			instance  int
 			kind      kind
 			cost      string
@@ -144,7 +144,7 @@ func TestClientWaits(t *testing.T) {
 		}
 		for i, step := range steps {
 			if step.at > 0 {
-				now.Set(windowStart.Add(step.at))
+				now.Set(redistest.WindowStart.Add(step.at))
 			}
 			advance.Store(step.advance)
 			mu.Lock()
@@ -210,7 +210,7 @@ func TestClientErrors(t *testing.T) {
 			// No retries: a closed miniredis refuses at once, and each dial retry would only add 100ms.
 			rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, DialerRetries: 1})
 			t.Cleanup(func() { _ = rdb.Close() })
-			client := redlimit.New(rdb, append([]redlimit.Option{redlimit.WithClock(func() time.Time { return windowStart })}, tt.clientOpts...)...)
+			client := redlimit.New(rdb, append([]redlimit.Option{redlimit.WithClock(func() time.Time { return redistest.WindowStart })}, tt.clientOpts...)...)
 			switch tt.redis {
 			case "down":
 				m.Close()

@@ -30,11 +30,6 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// windowStart is a minute boundary: fixed windows are aligned to the epoch.
-var windowStart = time.Unix(1_800_000_000, 0)
-
-func uniqueName(t *testing.T) string { return redistest.UniqueName(t, "grpclimit-test:") }
-
 // serve starts a gRPC server on a loopback port with the health service,
 // whose unary Check and List and server-streaming Watch stand for any
 // service's methods, and returns its address.
@@ -185,7 +180,7 @@ func call(t *testing.T, conn *grpc.ClientConn, k kind, md ...string) answer {
 func TestServersShareOneLimit(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		now := new(redistest.Clock)
-		name := uniqueName(t)
+		name := redistest.UniqueName(t, "grpclimit-test:")
 		cfg := redlimit.PerMinute(3)
 		var admin *redlimit.Client // to change the rate, as an operator would
 		startInstance := func() *grpc.ClientConn {
@@ -206,7 +201,7 @@ func TestServersShareOneLimit(t *testing.T) {
 		const policy = `"default";q=3;w=60`
 		exceeded := "grpclimit: rate limit exceeded"
 		steps := []struct {
-			at       time.Duration // since windowStart
+			at       time.Duration // since redistest.WindowStart
 			instance int
 			kind     kind
 			key      string // x-api-key
@@ -245,7 +240,7 @@ func TestServersShareOneLimit(t *testing.T) {
 				grpclimit.PolicyKey: `"default";q=5;w=60`, grpclimit.RateLimitKey: `"default";r=1;t=58`}}},
 		}
 		for i, step := range steps {
-			now.Set(windowStart.Add(step.at))
+			now.Set(redistest.WindowStart.Add(step.at))
 			if step.setRate > 0 {
 				if err := admin.FixedWindow(name+step.key).SetRate(context.Background(), redlimit.PerMinute(step.setRate)); err != nil {
 					t.Fatal(err)
@@ -266,10 +261,8 @@ func TestServersShareOneLimit(t *testing.T) {
 // TestPeerIP: without a KeyFunc, calls are keyed by the peer's address, and
 // policy names are quoted as httplimit quotes them.
 func TestPeerIP(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return windowStart }))
+	rdb := redistest.Miniredis(t)
+	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return redistest.WindowStart }))
 	var keys []string
 	var mu sync.Mutex
 	conn := limitedServer(t, func(method, key string) *redlimit.Limiter {
@@ -366,7 +359,7 @@ func TestMisconfiguredRealRedis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: "grpclimit-nobody", Password: "nope", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	client := redlimit.New(rdb)
-	name := uniqueName(t)
+	name := redistest.UniqueName(t, "grpclimit-test:")
 	hookedErrs := new(hookedErrors)
 	hook := grpclimit.ErrorHook(hookedErrs.hook)
 	server := limitedServer(t, func(_, key string) *redlimit.Limiter {
@@ -404,9 +397,7 @@ func TestMisconfiguredRealRedis(t *testing.T) {
 // TestCallerGone: a call whose caller has gone away ends with its context's
 // code, and that is not an error to report.
 func TestCallerGone(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := redistest.Miniredis(t)
 	client := redlimit.New(rdb)
 	hooked := false
 	intercept := grpclimit.UnaryServerInterceptor(func(_, key string) *redlimit.Limiter {

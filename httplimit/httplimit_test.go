@@ -24,9 +24,6 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// windowStart is a minute boundary: fixed windows are aligned to the epoch.
-var windowStart = time.Unix(1_800_000_000, 0)
-
 func uniqueName(t *testing.T) string { return redistest.UniqueName(t, "httplimit-test:") }
 
 var rateLimitFields = []string{"RateLimit-Policy", "RateLimit", "Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
@@ -68,9 +65,9 @@ func TestInstancesShareOneLimit(t *testing.T) {
 		instances := []string{startInstance(), startInstance()}
 
 		const policy = `"default";q=3;w=60`
-		reset := func(s int64) string { return strconv.FormatInt(windowStart.Unix()+s, 10) }
+		reset := func(s int64) string { return strconv.FormatInt(redistest.WindowStart.Unix()+s, 10) }
 		steps := []struct {
-			at       time.Duration // since windowStart
+			at       time.Duration // since redistest.WindowStart
 			instance int
 			client   string // X-Forwarded-For; "" for 127.0.0.1 itself
 			cost     string // X-Cost
@@ -117,7 +114,7 @@ func TestInstancesShareOneLimit(t *testing.T) {
 				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": reset(120)}},
 		}
 		for i, step := range steps {
-			now.Set(windowStart.Add(step.at))
+			now.Set(redistest.WindowStart.Add(step.at))
 			if step.setRate > 0 {
 				if err := admin.FixedWindow(name+"127.0.0.1").SetRate(context.Background(), redlimit.PerMinute(step.setRate)); err != nil {
 					t.Fatal(err)
@@ -293,10 +290,8 @@ func TestMisconfiguredOnRedis(t *testing.T) {
 // TestDefaults: one permit per request, no legacy fields, and a funnel's q is
 // its burst, its w the time the burst takes to drain.
 func TestDefaults(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return windowStart }))
+	rdb := redistest.Miniredis(t)
+	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return redistest.WindowStart }))
 	cfg := redlimit.Config{Rate: 1, Interval: time.Second, Burst: 2}
 	var denied bool
 	handler := httplimit.New(func(key string) *redlimit.Limiter {
@@ -332,9 +327,7 @@ func TestDefaults(t *testing.T) {
 // TestClientGone: a request whose client has gone away gets no answer, and
 // its context's error is not an error to report.
 func TestClientGone(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := redistest.Miniredis(t)
 	client := redlimit.New(rdb)
 	hooked := false
 	handler := httplimit.New(func(key string) *redlimit.Limiter {
@@ -381,7 +374,7 @@ func TestStackedPolicies(t *testing.T) {
 		})))
 
 		const both = `"per-ip";q=5;w=60, "per-user";q=2;w=60`
-		reset := strconv.FormatInt(windowStart.Unix()+60, 10)
+		reset := strconv.FormatInt(redistest.WindowStart.Unix()+60, 10)
 		// fields are the headers of a response: both lists, Retry-After
 		// (none if ""), and the legacy ones.
 		fields := func(policy, rateLimit, retryAfter, limit, remaining string) map[string]string {
@@ -411,7 +404,7 @@ func TestStackedPolicies(t *testing.T) {
 			{45 * time.Second, "dave", 429, fields(`"per-ip";q=5;w=60`, `"per-ip";r=0;t=15`, "15", "5", "0")},
 		}
 		for i, step := range steps {
-			now.Set(windowStart.Add(step.at))
+			now.Set(redistest.WindowStart.Add(step.at))
 			req := httptest.NewRequest("GET", "/", nil)
 			req.Header.Set("X-User", step.user)
 			rec := httptest.NewRecorder()
@@ -463,7 +456,7 @@ func TestPolicyFollowsConfig(t *testing.T) {
 				"RateLimit-Policy": `"per-user";q=4;w=240`, "RateLimit": `"per-user";r=2;t=65`}},
 		}
 		for i, step := range steps {
-			now.Set(windowStart.Add(step.at))
+			now.Set(redistest.WindowStart.Add(step.at))
 			if step.setRate.Rate > 0 {
 				if err := limiterFor[step.alg]("u1").SetRate(context.Background(), step.setRate); err != nil {
 					t.Fatal(err)
@@ -487,7 +480,7 @@ func TestPolicyFollowsConfig(t *testing.T) {
 func TestHandlersSeeDecision(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		now := new(redistest.Clock)
-		now.Set(windowStart.Add(10 * time.Second))
+		now.Set(redistest.WindowStart.Add(10 * time.Second))
 		name := uniqueName(t)
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		describe := func(r *http.Request) string {

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -426,28 +425,14 @@ func TestLs(t *testing.T) {
 	})
 }
 
-// TestRedisson: a token bucket written by Redisson (its layout spelled out
-// byte for byte, as in the library's TestWeReadRedissons) shows and changes
+// TestRedisson: a token bucket written by Redisson (redistest.WriteRedisson,
+// as in the library's TestWeReadRedissons) shows and changes
 // like one of ours, and stays in Redisson's layout.
 func TestRedisson(t *testing.T) {
 	ctx := context.Background()
 	eachServer(t, func(t *testing.T, s server) {
 		name := uniqueName("redisson-")
-		now := s.rdb.Time(ctx).Val().UnixMilli()
-		member := func(id byte, permits uint32) string {
-			b := make([]byte, 21)
-			b[0] = 16
-			for i := 1; i <= 16; i++ {
-				b[i] = id
-			}
-			binary.LittleEndian.PutUint32(b[17:], permits)
-			return string(b)
-		}
-		s.rdb.HSet(ctx, name, "rate", "5", "interval", "10000", "type", "0", "keepAliveTime", "0")
-		s.rdb.Set(ctx, "{"+name+"}:value", "2", 0)
-		s.rdb.ZAdd(ctx, "{"+name+"}:permits",
-			redis.Z{Score: float64(now - 4000), Member: member(1, 2)},
-			redis.Z{Score: float64(now - 1000), Member: member(2, 1)})
+		redistest.WriteRedisson(ctx, s.rdb, name, s.rdb.Time(ctx).Val())
 
 		rep := s.get(t, "", name)
 		if rep.Algorithm != "tokenbucket" || rep.Key != name || rep.Config == nil || *rep.Config != cfgJSON(redlimit.Per(5, 10*time.Second)) {

@@ -52,12 +52,8 @@ the limit.
 	}
 	cfg := redlimit.Per(*rate, *interval)
 
-	if err := be.check(); err != nil {
-		return usageError(fs, "%v", err)
-	}
-	if err := be.open(ctx); err != nil {
-		fmt.Fprintf(stderr, "redlimit compare: %v\n", err)
-		return exitFail
+	if code, ok := be.start(ctx, fs); !ok {
+		return code
 	}
 	defer be.close()
 	rdb := be.newClient()

@@ -50,12 +50,8 @@ limit in force; it exits 1 if the limit did not hold.
 		return usageError(fs, "-rate %d, -new-rate %d: want 1 to 100000", s.rate, s.newRate)
 	}
 
-	if err := be.check(); err != nil {
-		return usageError(fs, "%v", err)
-	}
-	if err := be.open(ctx); err != nil {
-		fmt.Fprintf(stderr, "redlimit demo: %v\n", err)
-		return exitFail
+	if code, ok := be.start(ctx, fs); !ok {
+		return code
 	}
 	defer be.close()
 	fmt.Fprintf(stdout, "%d instances share one %s limit of %d per second on %v, for %v.\n",

@@ -223,6 +223,20 @@ func (b *backend) open(ctx context.Context) error {
 	return nil
 }
 
+// start checks the flags of fs's command (check) and opens the backend
+// (open), as parseFlags does: on failure it has reported why on fs's output
+// and says what run should return. A started backend needs close.
+func (b *backend) start(ctx context.Context, fs *flag.FlagSet) (int, bool) {
+	if err := b.check(); err != nil {
+		return usageError(fs, "%v", err), false
+	}
+	if err := b.open(ctx); err != nil {
+		fmt.Fprintf(fs.Output(), "redlimit %s: %s\n", fs.Name(), strings.TrimPrefix(err.Error(), "redlimit: "))
+		return exitFail, false
+	}
+	return 0, true
+}
+
 // newClient returns a new connection pool: one per simulated instance, as
 // separate processes would have.
 func (b *backend) newClient() redis.UniversalClient {

@@ -56,12 +56,8 @@ Flags go before the arguments.
 		return usageError(fs, "-r %d: want at least 1", *repeat)
 	}
 
-	if err := be.check(); err != nil {
-		return usageError(fs, "%v", err)
-	}
-	if err := be.open(ctx); err != nil {
-		fmt.Fprintf(stderr, "redlimit throttle: %s\n", strings.TrimPrefix(err.Error(), "redlimit: "))
-		return exitFail
+	if code, ok := be.start(ctx, fs); !ok {
+		return code
 	}
 	defer be.close()
 	rdb := be.newClient()

@@ -11,6 +11,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// WindowStart is a whole hour, so a fixed window of a second, a minute or
+// an hour starts there (fixed windows are aligned to the Unix epoch): where
+// the middleware suites' controlled clocks start.
+var WindowStart = time.Unix(1_800_000_000, 0)
+
 // Clock is a controlled time for redlimit.WithClock: it moves only when a
 // test moves it. Safe for concurrent use, as handlers and limiters read it on
 // other goroutines.
@@ -38,6 +43,14 @@ func (c *Clock) Set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = t
+}
+
+// Miniredis returns a client with default options of a fresh miniredis;
+// both are closed when t ends.
+func Miniredis(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // Backends says which servers EachBackend runs a test on.

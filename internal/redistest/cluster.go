@@ -2,11 +2,8 @@ package redistest
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,18 +44,7 @@ type Cluster struct {
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
 	needBinaries(t, "redis-server", "redis-cli")
-	start := time.Now()
-	c, err := startCluster(t.TempDir())
-	if err != nil {
-		t.Fatalf("redistest: starting cluster: %v", err)
-	}
-	t.Logf("redistest: cluster %v up in %v", c.Addrs(), time.Since(start).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := c.stop(); err != nil {
-			t.Errorf("redistest: stopping cluster: %v", err)
-		}
-	})
-	return c
+	return startForTest(t, "cluster", startCluster, func(c *Cluster) string { return fmt.Sprintf("cluster %v", c.Addrs()) })
 }
 
 // SharedCluster returns the cluster shared by all tests of this test binary,
@@ -258,27 +244,14 @@ func checkSlot(t testing.TB, slot int) {
 }
 
 func startCluster(dir string) (_ *Cluster, err error) {
-	c := &Cluster{nodes: make([]*Server, clusterNodes)}
+	c := &Cluster{}
 	defer func() {
 		if err != nil {
 			_ = c.stop()
 		}
 	}()
-
-	errs := make([]error, clusterNodes)
-	var wg sync.WaitGroup
-	for i := range c.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			nodeDir := filepath.Join(dir, "node"+strconv.Itoa(i))
-			if errs[i] = os.MkdirAll(nodeDir, 0o755); errs[i] == nil {
-				c.nodes[i], errs[i] = startServer(nodeDir, true)
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	c.nodes, err = startNodes(dir, "node", clusterNodes, func(dir string) (*Server, error) { return startServer(dir, true) })
+	if err != nil {
 		return nil, err
 	}
 
@@ -297,15 +270,7 @@ func startCluster(dir string) (_ *Cluster, err error) {
 	return c, nil
 }
 
-func (c *Cluster) stop() error {
-	var servers []*Server
-	for _, n := range c.nodes {
-		if n != nil {
-			servers = append(servers, n)
-		}
-	}
-	return killAll(servers)
-}
+func (c *Cluster) stop() error { return killAll(c.nodes) }
 
 // topology is the cluster as every node agrees it is.
 type topology struct {

@@ -1,10 +1,11 @@
 // Package redistest starts throwaway redis-server processes, and a local
-// Redis Cluster, for tests; and holds what the suites of every package share
-// to run on them: a controlled Clock, EachBackend and UniqueName.
+// Redis Cluster, for tests (and, with Launch, for the benchmark); and holds
+// what the suites of every package share to run on them: a controlled
+// Clock, EachBackend and UniqueName.
 //
 // Everything listens on 127.0.0.1 only, keeps no data on disk and is killed
 // when the test (Start, StartCluster) or the test binary (Shared,
-// SharedCluster, via Main) finishes. Servers are started with Pdeathsig, so a
+// SharedCluster, via Main) finishes, or Launch's stop is called. Servers are started with Pdeathsig, so a
 // test binary that crashes does not leave them behind either.
 //
 // A package using Shared or SharedCluster should have
@@ -91,16 +92,15 @@ func stopAll() {
 }
 
 // killAll kills servers concurrently: a cluster has six and each kill waits
-// for the process to exit.
+// for the process to exit. nil entries (nodes that never started) are
+// skipped.
 func killAll(servers []*Server) error {
 	errs := make([]error, len(servers))
 	var wg sync.WaitGroup
 	for i, s := range servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.Kill()
-		}()
+		if s != nil {
+			wg.Go(func() { errs[i] = s.Kill() })
+		}
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -187,6 +187,21 @@ func Start(t testing.TB) *Server {
 		}
 	})
 	return s
+}
+
+// Launch starts a redis-server as Start does, for a program that is not a
+// test (the benchmark): in a directory of its own, which stop removes
+// after killing the server.
+func Launch() (s *Server, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "redistest-server-")
+	if err != nil {
+		return nil, nil, err
+	}
+	if s, err = startServer(dir, false); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("redistest: starting redis-server: %w", err)
+	}
+	return s, func() { _ = s.Kill(); _ = os.RemoveAll(dir) }, nil
 }
 
 // Addr returns the server's "127.0.0.1:port".
@@ -286,9 +301,15 @@ var (
 	noDebugFlag atomic.Bool
 )
 
-// startServer starts a redis-server in dir on a free port, trying other
-// ports if the chosen one is taken before redis-server binds it.
+// startServer starts a redis-server in dir on a free port.
 func startServer(dir string, cluster bool) (*Server, error) {
+	return startOnFreePort(dir, cluster, (*Server).launch)
+}
+
+// startOnFreePort starts a process with launch (redis-server or
+// redis-sentinel) in dir on a free port, trying other ports if the chosen
+// one is taken before the process binds it.
+func startOnFreePort(dir string, cluster bool, launch func(*Server) error) (*Server, error) {
 	var err error
 	for range 5 {
 		var port int
@@ -297,7 +318,7 @@ func startServer(dir string, cluster bool) (*Server, error) {
 		}
 		s := &Server{port: port, dir: dir, cluster: cluster}
 		s.mu.Lock()
-		err = s.launch()
+		err = launch(s)
 		s.mu.Unlock()
 		if err == nil {
 			return s, nil
@@ -307,6 +328,42 @@ func startServer(dir string, cluster bool) (*Server, error) {
 		}
 	}
 	return nil, err
+}
+
+// startNodes starts n processes with start at once, each in a directory of
+// its own (dir/<name><i>). Those that failed are nil.
+func startNodes(dir, name string, n int, start func(dir string) (*Server, error)) ([]*Server, error) {
+	nodes, errs := make([]*Server, n), make([]error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Go(func() {
+			nodeDir := filepath.Join(dir, name+strconv.Itoa(i))
+			if errs[i] = os.MkdirAll(nodeDir, 0o755); errs[i] == nil {
+				nodes[i], errs[i] = start(nodeDir)
+			}
+		})
+	}
+	wg.Wait()
+	return nodes, errors.Join(errs...)
+}
+
+// startForTest starts a group of servers (a Cluster, a Sentinel) for t
+// only, in a directory of t's, says what started, and stops it in
+// t.Cleanup.
+func startForTest[G interface{ stop() error }](t testing.TB, what string, start func(dir string) (G, error), describe func(G) string) G {
+	t.Helper()
+	begin := time.Now()
+	g, err := start(t.TempDir())
+	if err != nil {
+		t.Fatalf("redistest: starting %s: %v", what, err)
+	}
+	t.Logf("redistest: %s up in %v", describe(g), time.Since(begin).Round(time.Millisecond))
+	t.Cleanup(func() {
+		if err := g.stop(); err != nil {
+			t.Errorf("redistest: stopping %s: %v", what, err)
+		}
+	})
+	return g
 }
 
 // freePort asks the kernel for a free port. For a cluster node, port+10000

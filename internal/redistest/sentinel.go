@@ -2,7 +2,6 @@ package redistest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -56,19 +55,9 @@ type Sentinel struct {
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	needBinaries(t, "redis-server", "redis-sentinel")
-	start := time.Now()
-	s, err := startSentinel(t.TempDir())
-	if err != nil {
-		t.Fatalf("redistest: starting sentinel: %v", err)
-	}
-	t.Logf("redistest: primary %s, replica %s, sentinels %v up in %v",
-		s.nodes[0].Addr(), s.nodes[1].Addr(), s.SentinelAddrs(), time.Since(start).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Errorf("redistest: stopping sentinel: %v", err)
-		}
+	return startForTest(t, "sentinel", startSentinel, func(s *Sentinel) string {
+		return fmt.Sprintf("primary %s, replica %s, sentinels %v", s.nodes[0].Addr(), s.nodes[1].Addr(), s.SentinelAddrs())
 	})
-	return s
 }
 
 // SentinelAddrs returns the "127.0.0.1:port" of the three sentinels.
@@ -157,18 +146,9 @@ func startSentinel(dir string) (_ *Sentinel, err error) {
 			_ = s.stop()
 		}
 	}()
-	errs := make([]error, len(s.nodes))
-	var wg sync.WaitGroup
-	for i := range s.nodes {
-		wg.Go(func() {
-			nodeDir := filepath.Join(dir, "node"+strconv.Itoa(i))
-			if errs[i] = os.MkdirAll(nodeDir, 0o755); errs[i] == nil {
-				s.nodes[i], errs[i] = startServer(nodeDir, false)
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	nodes, err := startNodes(dir, "node", len(s.nodes), func(dir string) (*Server, error) { return startServer(dir, false) })
+	copy(s.nodes[:], nodes)
+	if err != nil {
 		return s, err
 	}
 
@@ -184,19 +164,9 @@ func startSentinel(dir string) (_ *Sentinel, err error) {
 		return s, err
 	}
 
-	s.sentinels = make([]*Server, sentinelCount)
-	errs = make([]error, sentinelCount)
-	for i := range s.sentinels {
-		wg.Go(func() {
-			sdir := filepath.Join(dir, "sentinel"+strconv.Itoa(i))
-			if errs[i] = os.MkdirAll(sdir, 0o755); errs[i] == nil {
-				s.sentinels[i], errs[i] = startSentinelProcess(sdir, primary.port)
-			}
-		})
-	}
-	wg.Wait()
-	s.sentinels = slices.DeleteFunc(s.sentinels, func(n *Server) bool { return n == nil })
-	if err := errors.Join(errs...); err != nil {
+	if s.sentinels, err = startNodes(dir, "sentinel", sentinelCount, func(dir string) (*Server, error) {
+		return startOnFreePort(dir, false, func(n *Server) error { return n.launchSentinel(primary.port) })
+	}); err != nil {
 		return s, err
 	}
 	for _, n := range s.sentinels {
@@ -212,39 +182,7 @@ func startSentinel(dir string) (_ *Sentinel, err error) {
 	return s, nil
 }
 
-func (s *Sentinel) stop() error {
-	var servers []*Server
-	for _, n := range slices.Concat(s.sentinels, s.nodes[:]) {
-		if n != nil {
-			servers = append(servers, n)
-		}
-	}
-	return killAll(servers)
-}
-
-// startSentinelProcess starts a redis-sentinel in dir monitoring the primary
-// on primaryPort, trying other ports if the chosen one is taken before the
-// sentinel binds it.
-func startSentinelProcess(dir string, primaryPort int) (*Server, error) {
-	var err error
-	for range 5 {
-		var port int
-		if port, err = freePort(false); err != nil {
-			return nil, err
-		}
-		s := &Server{port: port, dir: dir}
-		s.mu.Lock()
-		err = s.launchSentinel(primaryPort)
-		s.mu.Unlock()
-		if err == nil {
-			return s, nil
-		}
-		if !errors.Is(err, errAddrInUse) {
-			return nil, err
-		}
-	}
-	return nil, err
-}
+func (s *Sentinel) stop() error { return killAll(slices.Concat(s.sentinels, s.nodes[:])) }
 
 // launchSentinel is launch for a sentinel: redis-sentinel with a config file
 // of its own (a sentinel rewrites it with what it learns), the same admin
@@ -356,29 +294,33 @@ func (s *Sentinel) settled() (int, error) {
 // caughtUp waits until replica has applied the replication stream up to the
 // primary's offset when it is called.
 func caughtUp(replica, primary *Server, timeout time.Duration) error {
-	ctx := context.Background()
-	info, err := primary.doString(ctx, "INFO", "replication")
+	want, err := replOffset(primary, "master_repl_offset")
 	if err != nil {
 		return err
 	}
-	want, err := strconv.ParseInt(infoField(info, "master_repl_offset"), 10, 64)
-	if err != nil {
-		return fmt.Errorf("%s: master_repl_offset: %w", primary.Addr(), err)
-	}
 	return waitFor(timeout, func() error {
-		info, err := replica.doString(ctx, "INFO", "replication")
+		got, err := replOffset(replica, "slave_repl_offset")
 		if err != nil {
 			return err
-		}
-		got, err := strconv.ParseInt(infoField(info, "slave_repl_offset"), 10, 64)
-		if err != nil {
-			return fmt.Errorf("%s: slave_repl_offset: %w", replica.Addr(), err)
 		}
 		if got < want {
 			return fmt.Errorf("replica %s at offset %d, primary %s was at %d", replica.Addr(), got, primary.Addr(), want)
 		}
 		return nil
 	})
+}
+
+// replOffset reads one offset field of s's INFO replication.
+func replOffset(s *Server, field string) (int64, error) {
+	info, err := s.doString(context.Background(), "INFO", "replication")
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(infoField(info, field), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %s: %w", s.Addr(), field, err)
+	}
+	return n, nil
 }
 
 // replicaOf checks that r replicates primary with its link up.
