@@ -88,7 +88,6 @@ func runMemory(ctx context.Context, e *env, rep *report) error {
 		target := "–"
 		if cs.target > 0 {
 			target = fmt.Sprintf("≤ %d", cs.target)
-			rep.judge(targetBytes, cs.name, fmt.Sprintf("%d B (≤ %d)", bytes, cs.target), float64(bytes), float64(cs.target), false)
 		}
 		s.row(cs.name, bytes, target, strings.Join(names, "<br>"))
 	}
@@ -197,7 +196,6 @@ func runKeysLeft(ctx context.Context, e *env, rep *report) error {
 				names = append(names, fmt.Sprintf("`%q` ttl %s", k.key, fmtTTL(k.ttl)))
 			}
 			s.row(alg.name, cs.after, before, len(left), cmp.Or(strings.Join(names, "<br>"), "nothing"))
-			rep.judge(targetKeysLeft, alg.name+", "+cs.after, fmt.Sprint(len(left)), float64(len(left)), 0, false)
 		}
 	}
 	return nil
@@ -226,10 +224,6 @@ func runLoaded(ctx context.Context, e *env, rep *report) error {
 			return err
 		}
 		s.row(c.name, fmtRate(float64(sm.decisions)), fmtRate(float64(n)), float64(n)/float64(limiters))
-		if c.name == funnel.name {
-			figure := fmt.Sprintf("%s keys; %s limiters, %d callers, %s decisions", fmtRate(float64(n)), fmtRate(float64(limiters)), callers, fmtRate(float64(sm.decisions)))
-			rep.judge(targetKeysLoaded, "", figure, float64(n), float64(limiters), false)
-		}
 	}
 	return nil
 }

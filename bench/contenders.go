@@ -55,16 +55,16 @@ func ceiling(name string, rdb redis.Scripter) *contender {
 }
 
 // shaped has the wire shape of a funnel's Allow with a default config: 4
-// keys, 13 arguments of the same types (boxed once, here), a reply of six
+// keys, 5 arguments of the same types (boxed once, here), a reply of six
 // integers in one string: what go-redis costs for that, before the library
 // does anything.
 func shaped(rdb redis.Scripter) *contender {
-	return evalsha("go-redis EvalSha, a funnel's wire shape (4 keys, 13 args, one-string reply)", rdb,
+	return evalsha("go-redis EvalSha, a funnel's wire shape (4 keys, 5 args, one-string reply)", rdb,
 		"return '1 1000000 999999 0 1000000 1000'",
 		func(n string) []string {
-			return []string{n, "{" + n + "}:clients", "{" + n + "}:requests", "{" + n + "}:tat:0123456789abcdef"}
+			return []string{"{" + n + "}", "{" + n + "}:clients", "{" + n + "}:requests", "{" + n + "}:0123456789abcdef"}
 		},
-		"allow", "", int64(1), "0123456789abcdef", "", "", "default", int64(bigRate), int64(1000), int64(0), int64(0), int64(0), int64(0))
+		"allow", "", int64(1), "0123456789abcdef", fmt.Sprintf("default %d 1000 0 0 0 0", bigRate))
 }
 
 // peer is github.com/go-redis/redis_rate/v10, a GCRA in one script like our

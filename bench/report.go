@@ -14,14 +14,13 @@ import (
 )
 
 // report is what BENCHMARKS.md shows: the machine, the throughput rounds,
-// the checks' sections and the targets of issue 9, judged.
+// the checks' sections, and the limiters against redis_rate.
 type report struct {
 	options
 	started   time.Time
 	machine   string // the rows of the machine table known before the run
 	scenarios []*scenario
 	sections  []*section
-	verdicts  map[string]verdict // by target
 }
 
 func newReport(ctx context.Context, e *env, o options) (*report, error) {
@@ -45,7 +44,7 @@ func newReport(ctx context.Context, e *env, o options) (*report, error) {
 		fmt.Sprintf("| flags | `-rounds %d -duration %v -warmup %v -callers %s -keys %d` |\n", o.rounds, o.duration, o.warmup, o.callersFlag, o.keys) +
 		fmt.Sprintf("| load average | %s before the run, ", loadAverage())
 	log("machine: %s, %d cores, %s, Redis %s", cpu, runtime.NumCPU(), runtime.Version(), version)
-	return &report{options: o, started: time.Now(), machine: m, verdicts: map[string]verdict{}}, err
+	return &report{options: o, started: time.Now(), machine: m}, err
 }
 
 // loadAverage returns the 1, 5 and 15 minute load averages, or "?".
@@ -197,119 +196,20 @@ func (rep *report) markdown() string {
 		}
 		w("%s\n\n%s\n%s\n\n", s.about, s.header, strings.Join(s.rows, "\n"))
 	}
-	rep.throughputTargets()
-	w("## Targets (issue 9)\n\n")
-	w("Judged on this run's figures; a miss says by how much, as a share of the target.\n\n")
-	w("| target | figures | status |\n|---|---|---|\n")
-	for _, t := range targets {
-		w("%s", rep.verdicts[t].row(t))
-	}
-	return b.String()
-}
-
-// The targets of issue 9, in its order.
-const (
-	targetUsec        = "Redis µs per call, one caller: funnel, fixed window ≤ 1.0× redis_rate's"
-	targetUsecStretch = "… stretch: funnel, fixed window ≤ 0.8×"
-	targetUsecSliding = "… sliding window (10 buckets) ≤ 1.3×"
-	targetUsecTB      = "… token bucket ≤ 1.6×"
-	targetRate        = "Decisions/s, 64 callers, 10,000 keys: funnel, fixed window ≥ 1.0× redis_rate's"
-	targetRateSliding = "… sliding window ≥ 0.9×"
-	targetRateTB      = "… token bucket ≥ 0.8×"
-	targetPipelined   = "Auto-pipelined funnel, 512 callers: ≥ 2× redis_rate's plain decisions/s"
-	targetAllocs      = "Go allocations per decision ≤ 14"
-	targetKeysLoaded  = "Keys in Redis after 2 s of 64 callers over 10,000 funnels ≤ 10,000"
-	targetKeysLeft    = "Keys after a limiter with no stored config drains, and after Delete: 0"
-	targetBytes       = "State bytes per limiter: funnel, fixed window ≤ 120 B; sliding window ≤ 120 + 16 × Buckets"
-)
-
-var targets = []string{targetUsec, targetUsecStretch, targetUsecSliding, targetUsecTB, targetRate, targetRateSliding,
-	targetRateTB, targetPipelined, targetAllocs, targetKeysLoaded, targetKeysLeft, targetBytes}
-
-// throughputTargets judges the targets on the throughput scenarios' figures:
-// those on a ratio to redis_rate's, by algorithm, and the allocations.
-func (rep *report) throughputTargets() {
+	w("## Against redis_rate\n\n")
+	w("Each limiter's figures over redis_rate's in the same scenario and round, medians over the\n")
+	w("rounds: Redis µs per call (lower is better) and decisions/s (higher is better).\n\n")
+	w("| scenario | limiter | Redis µs ÷ redis_rate's | decisions/s ÷ redis_rate's |\n|---|---|--:|--:|\n")
 	for _, sc := range rep.scenarios {
 		if sc.flood {
 			continue
 		}
 		peer := sc.find("redis_rate")
-		for _, t := range []struct {
-			alg                    string
-			usec, rate             float64 // at most, at least
-			usecTarget, rateTarget string
-		}{
-			{"Funnel", 1, 1, targetUsec, targetRate},
-			{"FixedWindow", 1, 1, targetUsec, targetRate},
-			{"SlidingWindow", 1.3, 0.9, targetUsecSliding, targetRateSliding},
-			{"TokenBucket", 1.6, 0.8, targetUsecTB, targetRateTB},
-		} {
-			c := sc.find(t.alg)
-			if x := pairedRatio(c, peer, usec); sc.callers == 1 {
-				figure := fmt.Sprintf("%.2f× (%.2f vs %.2f µs)", x, c.med(usec), peer.med(usec))
-				rep.judge(t.usecTarget, t.alg, figure, x, t.usec, false)
-				if t.usec == 1 {
-					rep.judge(targetUsecStretch, t.alg, figure, x, 0.8, false)
-				}
-			}
-			if x := pairedRatio(c, peer, rate); sc.callers == 64 && sc.keys == 10000 {
-				rep.judge(t.rateTarget, t.alg, fmt.Sprintf("%.2f× (%s vs %s/s)", x, fmtRate(c.med(rate)), fmtRate(peer.med(rate))), x, t.rate, true)
-			}
-		}
-		for _, c := range sc.contenders[3:] { // ours
-			if sc.callers == 1 {
-				rep.judge(targetAllocs, c.name, fmt.Sprintf("%.1f", c.med(allocs)), c.med(allocs), 14, false)
-			}
-		}
-		if sc.callers == 512 {
-			// Redis runs one script at a time: 1e6 ÷ its µs per call is the
-			// most any client can get from it.
-			c := sc.find("Funnel, auto-pipelined")
-			x, u := pairedRatio(c, peer, rate), c.med(usec)
-			rep.judge(targetPipelined, sc.name, fmt.Sprintf("%.2f× (%s vs %s/s; at %.1f Redis µs a call, Redis caps it at %s/s)",
-				x, fmtRate(c.med(rate)), fmtRate(peer.med(rate)), u, fmtRate(1e6/u)), x, 2, true)
+		for _, c := range sc.contenders[3:] { // ours: after the two baselines and redis_rate
+			w("| %s | %s | %.2f | %.2f |\n", sc.name, c.name, pairedRatio(c, peer, usec), pairedRatio(c, peer, rate))
 		}
 	}
-}
-
-// verdict is a target judged on this run: the figures it was measured on,
-// and how many of them missed it.
-type verdict struct {
-	figures []string
-	missed  int
-}
-
-// judge records figure, measured at where, for target: x is at most want,
-// or at least want when higherIsBetter. A miss says by how much, as a share
-// of the target.
-func (rep *report) judge(target, where, figure string, x, want float64, higherIsBetter bool) {
-	v := rep.verdicts[target]
-	figure = strings.TrimPrefix(where+": "+figure, ": ")
-	off := x - want
-	if higherIsBetter {
-		off = -off
-	}
-	switch {
-	case off <= 0:
-	case want > 0:
-		figure += fmt.Sprintf(" (**missed** by %.0f%%)", 100*off/want)
-	default:
-		figure += " (**missed**)"
-	}
-	v.figures = append(v.figures, figure)
-	v.missed += int(b2u(off > 0))
-	rep.verdicts[target] = v
-}
-
-// row sums up target: met when met everywhere it was measured.
-func (v verdict) row(target string) string {
-	status := "**met**"
-	if len(v.figures) == 0 {
-		status = "not measured"
-	} else if v.missed > 0 {
-		status = fmt.Sprintf("**missed** (%d of %d)", v.missed, len(v.figures))
-	}
-	return fmt.Sprintf("| %s | %s | %s |\n", target, strings.Join(v.figures, "<br>"), status)
+	return b.String()
 }
 
 // fmtRate writes a count with thousands separators: 41203 → "41,203".

@@ -51,23 +51,3 @@ func TestFormatting(t *testing.T) {
 		}
 	}
 }
-
-// A target is met when every figure meets it, and says by how much a
-// figure missed; a target nothing measured is not met.
-func TestJudge(t *testing.T) {
-	rep := &report{verdicts: map[string]verdict{}}
-	rep.judge("met", "a", "1.2×", 1.2, 1, true)
-	rep.judge("met", "", "0.5 µs", 0.5, 0.8, false)
-	rep.judge("missed", "a", "0.6×", 0.6, 1, true)
-	rep.judge("missed", "b", "1.0×", 1, 1, true)
-	rep.judge("missed", "c", "2 left", 2, 0, false)
-	for target, want := range map[string]string{
-		"met":    "| met | a: 1.2×<br>0.5 µs | **met** |\n",
-		"missed": "| missed | a: 0.6× (**missed** by 40%)<br>b: 1.0×<br>c: 2 left (**missed**) | **missed** (2 of 3) |\n",
-		"none":   "| none |  | not measured |\n",
-	} {
-		if got := rep.verdicts[target].row(target); got != want {
-			t.Errorf("row = %q, want %q", got, want)
-		}
-	}
-}
