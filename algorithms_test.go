@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,7 +87,7 @@ type corruption struct {
 
 // reads says whether cfg sets a field only this algorithm reads.
 func (a algo) reads(cfg Config) bool {
-	return a.tune(Config{}, cfg.Burst, cfg.Buckets) != Config{}
+	return !reflect.DeepEqual(a.tune(Config{}, cfg.Burst, cfg.Buckets), Config{})
 }
 
 var (

@@ -175,22 +175,36 @@ func missingClients(reply any) ([]string, bool) {
 	return missing, true
 }
 
-// parseResult reads decide's reply (scripts/common.lua): six integers in
-// one string, so that the client reads one value, not six.
+// parseResult reads decide's reply (scripts/common.lua): integers in one
+// string, so that the client reads one value, not many. Six for a config of
+// one rate; with several, the bound rate's index, then each rate's limit
+// and window.
 func parseResult(reply any) (Result, error) {
 	s, ok := reply.(string)
-	var n [6]int64
-	if !ok || !spaced(s, n[:]) {
+	var n [6 + 1 + 2*maxRates]int64
+	fields := 1 + strings.Count(s, " ")
+	if !ok || fields != 6 && (fields < 9 || fields > len(n) || fields%2 == 0) || !spaced(s, n[:fields]) {
 		return Result{}, unexpected(reply)
 	}
-	return Result{
+	r := Result{
 		Allowed:    n[0] == 1,
 		Limit:      n[1],
 		Remaining:  n[2],
 		RetryAfter: micros(n[3]),
 		ResetAfter: micros(n[4]),
 		Window:     time.Duration(n[5]) * time.Millisecond,
-	}, nil
+	}
+	if fields > 6 {
+		r.Bound = int(n[6])
+		r.Quotas = make([]Quota, 0, (fields-7)/2)
+		for i := 7; i < fields; i += 2 {
+			r.Quotas = append(r.Quotas, Quota{Limit: n[i], Window: time.Duration(n[i+1]) * time.Millisecond})
+		}
+		if r.Bound < 0 || r.Bound >= len(r.Quotas) {
+			return Result{}, unexpected(reply)
+		}
+	}
+	return r, nil
 }
 
 // spaced parses s as exactly len(n) integers separated by single spaces.

@@ -1,8 +1,11 @@
 package redlimit
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -24,19 +27,50 @@ func (t RateType) String() string {
 	return "RateType(" + strconv.Itoa(int(t)) + ")"
 }
 
-// Config is a limiter's rate. It is stored in Redis (TrySetRate, SetRate), so
-// every instance of a service follows a change on its next call.
+// Config is a limiter's rate, or rates. It is stored in Redis (TrySetRate,
+// SetRate), so every instance of a service follows a change on its next call.
 //
 // Rate permits are granted per Interval. Interval and KeepAlive have millisecond
 // resolution: the token bucket's Redis layout, shared with Redisson, stores them
 // in milliseconds.
+//
+// More holds the further rates And adds, enforced together with this one: a
+// request is granted only if every rate allows it, and then counts against
+// all of them. Of each, only Rate, Interval, Burst and Buckets count; Type
+// and KeepAlive are this Config's (leave theirs zero).
 type Config struct {
 	Type      RateType
 	Rate      int64         // permits per Interval
 	Interval  time.Duration // at least 1ms, a whole number of milliseconds
 	Burst     int64         // funnel only: capacity; 0 means Rate
 	Buckets   int           // sliding window only: sub-windows per Interval; 0 means 10
-	KeepAlive time.Duration // 0: the config never expires; else idle TTL refreshed on every acquire (≥ Interval)
+	KeepAlive time.Duration // 0: the config never expires; else idle TTL refreshed on every acquire (≥ every Interval)
+	More      []Config      // further rates, each with its own Interval (And)
+}
+
+// And returns c with the rates of others added to it: PerSecond(10).And(PerHour(1000))
+// grants at most 10 permits in any second and 1,000 in any hour, decided
+// atomically. Each rate needs an Interval of its own, and a longer one must
+// grant more permits than a shorter one; at most four rates in all.
+func (c Config) And(others ...Config) Config {
+	c.More = slices.Clone(c.More)
+	for _, o := range others {
+		more := o.More
+		o.More = nil
+		c.More = append(append(c.More, o), more...)
+	}
+	return c
+}
+
+// rates returns c's rates, c's own first, each with c's Type and KeepAlive.
+func (c Config) rates() []Config {
+	all := make([]Config, 0, 1+len(c.More))
+	c.More, all = nil, append(all, c)
+	for _, o := range c.More {
+		o.Type, o.KeepAlive, o.More = c.Type, c.KeepAlive, nil
+		all = append(all, o)
+	}
+	return all
 }
 
 // Per returns a config granting n permits per interval to all clients together.
@@ -67,6 +101,10 @@ func (c Config) String() string {
 	if c.KeepAlive != 0 {
 		s += fmt.Sprintf(", keep alive %v", c.KeepAlive)
 	}
+	for _, o := range c.More {
+		o.Type, o.KeepAlive = Overall, 0
+		s += " and " + o.String()
+	}
 	return s
 }
 
@@ -79,6 +117,9 @@ const (
 	maxTolerance = 1 << 52
 	// maxInterval keeps now + interval, in microseconds, far inside maxExact.
 	maxInterval = 10 * 365 * 24 * time.Hour
+	// maxRates bounds a config's rates: each costs a decision some Redis
+	// time, and the scripts name the fields of at most this many.
+	maxRates = 4
 )
 
 // withDefaults fills the zero values that stand for a default.
@@ -92,12 +133,51 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validate reports why c cannot be used, wrapping ErrInvalidConfig. Every
-// limit here keeps the scripts' arithmetic inside the exact range of doubles.
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+}
+
+// validate reports why c cannot be used, wrapping ErrInvalidConfig: a rate
+// out of range, or rates that do not make one limit together.
 func (c Config) validate() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	if len(c.More)+1 > maxRates {
+		return invalid("%d rates, at most %d", len(c.More)+1, maxRates)
 	}
+	for i, o := range c.More {
+		switch {
+		case len(o.More) > 0:
+			return invalid("rate %d holds rates of its own", i+2)
+		case o.Type != Overall && o.Type != c.Type:
+			return invalid("rate %d is %v, the limiter %v", i+2, o.Type, c.Type)
+		case o.KeepAlive != 0 && o.KeepAlive != c.KeepAlive:
+			return invalid("rate %d keeps alive %v, the limiter %v", i+2, o.KeepAlive, c.KeepAlive)
+		}
+	}
+	rates := c.rates()
+	for _, r := range rates {
+		if err := r.validateRate(); err != nil {
+			return err
+		}
+	}
+	// A rate whose interval is longer than another's but grants no more
+	// permits makes the shorter one meaningless: it is a mistake.
+	slices.SortFunc(rates, func(a, b Config) int { return cmp.Compare(a.Interval, b.Interval) })
+	for i := 1; i < len(rates); i++ {
+		short, long := rates[i-1], rates[i]
+		switch {
+		case short.Interval == long.Interval:
+			return invalid("two rates per %v", long.Interval)
+		case long.Rate <= short.Rate:
+			return invalid("%d per %v grants no more than %d per %v", long.Rate, long.Interval, short.Rate, short.Interval)
+		}
+	}
+	return nil
+}
+
+// validateRate reports why one rate cannot be used. Every limit here keeps
+// the scripts' arithmetic inside the exact range of doubles.
+func (c Config) validateRate() error {
+	bad := invalid
 	switch {
 	case c.Type != Overall && c.Type != PerClient:
 		return bad("unknown type %d", int(c.Type))
@@ -137,9 +217,51 @@ func (c Config) validate() error {
 }
 
 // arg encodes c for the scripts as ARGV[5] (scripts/common.lua): source,
-// then the fields, space-separated. Zero Burst and Buckets go as they are:
-// the scripts apply the defaults, so Config reads back what was set.
+// then the fields, space-separated, then each further rate's (moreArg). Zero
+// Burst and Buckets go as they are: the scripts apply the defaults, so Config
+// reads back what was set.
 func (c Config) arg(source string) string {
-	return fmt.Sprintf("%s %d %d %d %d %d %d", source, c.Rate, c.Interval.Milliseconds(), c.Type, c.Burst, c.Buckets,
+	s := fmt.Sprintf("%s %d %d %d %d %d %d", source, c.Rate, c.Interval.Milliseconds(), c.Type, c.Burst, c.Buckets,
 		c.KeepAlive.Milliseconds())
+	if len(c.More) > 0 {
+		s += " " + moreArg(c.More)
+	}
+	return s
+}
+
+// moreArg encodes further rates as the config hash's field more keeps them:
+// rate, interval in ms, burst and buckets of each, space-separated.
+func moreArg(more []Config) string {
+	var b strings.Builder
+	for i, o := range more {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d %d %d %d", o.Rate, o.Interval.Milliseconds(), o.Burst, o.Buckets)
+	}
+	return b.String()
+}
+
+// parseMore reads the field more (moreArg) back.
+func parseMore(s string) ([]Config, bool) {
+	if s == "" {
+		return nil, true
+	}
+	f := strings.Fields(s)
+	if len(f)%4 != 0 {
+		return nil, false
+	}
+	var more []Config
+	for i := 0; i < len(f); i += 4 {
+		var n [4]int64
+		for j := range n {
+			x, err := strconv.ParseInt(f[i+j], 10, 64)
+			if err != nil {
+				return nil, false
+			}
+			n[j] = x
+		}
+		more = append(more, Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Burst: n[2], Buckets: int(n[3])})
+	}
+	return more, true
 }

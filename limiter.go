@@ -52,11 +52,13 @@ func (l *Limiter) Validate(cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	if cfg.Burst != 0 && !l.alg.burst {
-		return fmt.Errorf("%w: burst %d: only a funnel has a burst", ErrInvalidConfig, cfg.Burst)
-	}
-	if cfg.Buckets != 0 && !l.alg.buckets {
-		return fmt.Errorf("%w: buckets %d: only a sliding window has buckets", ErrInvalidConfig, cfg.Buckets)
+	for _, r := range cfg.rates() {
+		if r.Burst != 0 && !l.alg.burst {
+			return fmt.Errorf("%w: burst %d: only a funnel has a burst", ErrInvalidConfig, r.Burst)
+		}
+		if r.Buckets != 0 && !l.alg.buckets {
+			return fmt.Errorf("%w: buckets %d: only a sliding window has buckets", ErrInvalidConfig, r.Buckets)
+		}
 	}
 	return nil
 }
@@ -228,6 +230,20 @@ type Result struct {
 	// funnel the time its Burst takes to drain (Burst × Interval / Rate).
 	// With SetRate it follows the config in force.
 	Window time.Duration
+	// With several rates (Config.And), Bound is the one that bound the
+	// answer, whose Limit and Window these are: 0 for the config's own, i for
+	// More[i-1]. Denied, it is the rate with the longest wait (or one that can
+	// never grant that many); allowed, the one with the fewest permits left.
+	// Quotas lists every rate's Limit and Window, in config order; with one
+	// rate it is nil.
+	Bound  int
+	Quotas []Quota
+}
+
+// Quota is one rate's Limit and Window, as Result reports them.
+type Quota struct {
+	Limit  int64
+	Window time.Duration
 }
 
 // TryAcquire makes one attempt to take permits, without waiting.
@@ -345,12 +361,17 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 		return l.dflt, nil
 	}
 	var n [6]int64
-	if !ok || len(f) != len(n) || !integers(f, n[:]) {
+	if !ok || len(f) != len(n)+1 || !integers(f, n[:]) {
+		return Config{}, unexpected(reply)
+	}
+	s, _ := f[6].(string)
+	more, ok := parseMore(s)
+	if !ok {
 		return Config{}, unexpected(reply)
 	}
 	return Config{
 		Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: RateType(n[2]),
-		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond,
+		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond, More: more,
 	}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -213,7 +214,7 @@ func stepsAcrossSetRate(t *testing.T, newLimiter func(c *Client, name string) *L
 		clk := newClock()
 		l := newLimiter(newClient(rdb, clk), uniqueName(t)).WithDefault(cfg)
 		runSteps(t, l, clk, steps)
-		if next != (Config{}) {
+		if !reflect.DeepEqual(next, Config{}) {
 			require.NoError(t, l.SetRate(context.Background(), next))
 			runSteps(t, l, clk, after)
 		}

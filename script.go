@@ -28,8 +28,8 @@ type script struct {
 
 // newScript assembles the script of a, whose sections are in file.
 func newScript(a algorithm, file string) *script {
-	header := fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS = '%s', %d, %t, %t\n",
-		a.name, len(a.state), a.inConfig, a.records)
+	header := fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, MAX_RATES = '%s', %d, %t, %t, %d\n",
+		a.name, len(a.state), a.inConfig, a.records, maxRates)
 	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file))
 	sum := sha1.Sum([]byte(src))
 	return &script{name: a.name, src: src, sha: hex.EncodeToString(sum[:])}
@@ -45,9 +45,11 @@ func readScript(name string) string {
 
 // paste puts each section of an algorithm's file (the lines after a line
 // --[[@name]], up to the next such line) where the skeleton names it with
-// --[[@name]], on a line of its own or within one. A section without a
-// place, or a place without a section, is a mistake in the scripts: newScript
-// runs as the package starts, so it panics then.
+// --[[@name]], on a line of its own or within one. The steps of a config's
+// further rates, more_load and the like, are the first rate's (load, …)
+// unless the file has sections of their own. A section without a place, or
+// a place without a section, is a mistake in the scripts: newScript runs as
+// the package starts, so it panics then.
 func paste(skeleton, algorithm string) string {
 	sections := map[string]string{}
 	name := ""
@@ -57,6 +59,11 @@ func paste(skeleton, algorithm string) string {
 			sections[name] = ""
 		} else if name != "" {
 			sections[name] += line
+		}
+	}
+	for _, step := range []string{"load", "wait", "commit", "report", "release"} {
+		if _, ok := sections["more_"+step]; !ok && strings.Contains(skeleton, "--[[@more_"+step+"]]") {
+			sections["more_"+step] = sections[step]
 		}
 	}
 	for name, text := range sections {

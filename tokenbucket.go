@@ -11,4 +11,4 @@ package redlimit
 // Redisson and Go services on redlimit can share one limiter.
 func (c *Client) TokenBucket(name string) *Limiter { return c.limiter(name, tokenBucket) }
 
-var tokenBucket = newAlgorithm(algorithm{name: "tokenbucket", state: []string{"value", "permits"}, records: true}, "tokenbucket.lua")
+var tokenBucket = newAlgorithm(algorithm{name: "tokenbucket", state: []string{"value", "permits", "grants"}, records: true}, "tokenbucket.lua")

@@ -142,7 +142,7 @@ s.value = s.value + permits - left
 store(s, reset_after(s))
 back = permits - left
 --[[@admin]]
-local TYPES, FIELDS = { 'string', 'zset' }, {}
+local TYPES, FIELDS = { 'string', 'zset', 'zset' }, {}
 
 -- settle recomputes the cache from the log after a rate change.
 local function settle(keys)
