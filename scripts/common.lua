@@ -183,20 +183,26 @@ if op == 'allow' or op == 'release' then
     local _, r, i, t, b, bk, ka, rest = string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
     rate, interval, kind, burst, buckets, keepalive, more = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0, rest
   end
-  -- The further rates, flat: rate, interval, burst, buckets of each.
+  -- The further rates, flat: rate, interval, burst, buckets of each. Each
+  -- match starts where the last one ended, so the checks cover every byte.
   local rates
   if ok and more and more ~= '' then
-    rates = {}
-    for r, i, b, bk in string.gmatch(more, '(%d+) (%d+) (%d+) (%d+)') do
-      r, i, b, bk = r + 0, i + 0, b + 0, bk + 0
-      if b == 0 then b = r end
-      if bk == 0 then bk = 10 end
-      ok = ok and r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
-      rates[#rates + 1], rates[#rates + 2], rates[#rates + 3], rates[#rates + 4] = r, i, b, bk
+    rates, several = {}, true
+    local at = 1
+    ok = string.byte(more, -1) ~= 32 -- a space
+    while ok and at <= #more do
+      local _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', at)
+      if not last or #rates == (MAX_RATES - 1) * 4 then
+        ok = false
+      else
+        r, i, b, bk = r + 0, i + 0, b + 0, bk + 0
+        if b == 0 then b = r end
+        if bk == 0 then bk = 10 end
+        ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
+        rates[#rates + 1], rates[#rates + 2], rates[#rates + 3], rates[#rates + 4] = r, i, b, bk
+        at = last + 1
+      end
     end
-    local _, numbers = string.gsub(more, '%d+', '')
-    ok = ok and numbers == #rates and #rates <= (MAX_RATES - 1) * 4 and not string.find(more, '[^%d ]')
-    several = true
   end
   if ok then
     if burst == 0 then burst = rate end
@@ -217,8 +223,8 @@ if op == 'allow' or op == 'release' then
       for j = 2, #rates, 4 do
         if rates[j] > longest then longest = rates[j] end
       end
-      local function other_rate(k, rate, interval, burst, buckets)
-        local K, s1, s2 = k .. '', nil, nil
+      local function other_rate(K, rate, interval, burst, buckets)
+        local s1, s2
         if IN_CONFIG then
           local g = call(where, 'HMGET', where--[[@fields]])
           s1, s2 = g[1], g[2]
@@ -243,9 +249,10 @@ if op == 'allow' or op == 'release' then
         end
       end
       limits, steps = {}, {}
+      local suffixes = { '2', '3', '4' } -- MAX_RATES
       for j = 1, #rates, 4 do
         local i = #steps + 1
-        limits[i], steps[i] = other_rate(i + 1, rates[j], rates[j + 1], rates[j + 2], rates[j + 3])
+        limits[i], steps[i] = other_rate(suffixes[i], rates[j], rates[j + 1], rates[j + 2], rates[j + 3])
       end
     end
     local reply, reset, wrote = 0, 0, false
@@ -256,8 +263,10 @@ if op == 'allow' or op == 'release' then
       -- limit applies to, the interval or the time a funnel's burst takes to
       -- drain. With several rates, limit and window are those of the rate
       -- that bound the answer, and follow: its index (0 for the config's
-      -- own) and every rate's limit and window. Zero permits is a peek: it
-      -- writes nothing.
+      -- own) and every rate's 'rate interval-ms burst buckets', the first
+      -- with its defaults applied, the others as more holds them (the
+      -- client works out their limits and windows: formatting them here
+      -- would cost every call). Zero permits is a peek: it writes nothing.
       local limit = --[[@capacity]]
       local allowed, retry, wait, remaining, bound = 0, 0, 0, 0, 0
       if permits > limit then
@@ -312,23 +321,24 @@ if op == 'allow' or op == 'release' then
       local window = limit * interval / rate
       window = window + (-window) % 1
       if steps then
-        local quotas = string.format(' %d %d', limit, window)
-        local bound_limit, bound_window = limit, window
+
         for i = 1, #steps do
-          local j = 4 * i - 3
-          local w = limits[i] * rates[j + 1] / rates[j]
-          w = w + (-w) % 1
-          quotas = quotas .. string.format(' %d %d', limits[i], w)
           local left, reset_i = steps[i]('report')
           if left < remaining then
             remaining = left
             if allowed == 1 then bound = i end
           end
           if reset_i > reset then reset = reset_i end
-          if bound == i then bound_limit, bound_window = limits[i], w end
         end
-        reply = string.format('%d %d %d %d %d %d %d', allowed, bound_limit, remaining, retry, reset, bound_window,
-          bound) .. quotas
+        local bound_limit, bound_window = limit, window
+        if bound > 0 then
+          local j = 4 * bound - 3
+          bound_limit = limits[bound]
+          bound_window = bound_limit * rates[j + 1] / rates[j]
+          bound_window = bound_window + (-bound_window) % 1
+        end
+        reply = string.format('%d %d %d %d %d %d %d %d %d %d %d ', allowed, bound_limit, remaining, retry, reset,
+          bound_window, bound, rate, interval, limit, buckets) .. more
       else
         reply = string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
       end
