@@ -64,9 +64,10 @@ func (c Config) And(others ...Config) Config {
 
 // rates returns c's rates, c's own first, each with c's Type and KeepAlive.
 func (c Config) rates() []Config {
-	all := make([]Config, 0, 1+len(c.More))
-	c.More, all = nil, append(all, c)
-	for _, o := range c.More {
+	more := c.More
+	c.More = nil
+	all := append(make([]Config, 0, 1+len(more)), c)
+	for _, o := range more {
 		o.Type, o.KeepAlive, o.More = c.Type, c.KeepAlive, nil
 		all = append(all, o)
 	}

@@ -64,7 +64,7 @@ local function running(grants, member)
   if not total then
     fail('corrupt ' .. grants .. ': member ' .. string.format('%q', member))
   end
-  return total + 0, permits + 0
+  return tonumber(total), tonumber(permits) -- not + 0: gopher-lua (miniredis) reads 010 as octal
 end
 
 -- until_free walks the log from the oldest record until enough permits free
