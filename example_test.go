@@ -211,6 +211,43 @@ func ExampleLimiter_SetRate() {
 	// stored: 20 per 1s
 }
 
+// Several rates in one limiter: at most 2 a second and 3 a minute, decided
+// together in one script call. Each Result is of the rate that bound it
+// (Bound, with its Limit and Window): on a grant the one with the fewest
+// permits left, on a denial the one with the longest wait.
+func ExampleConfig_And() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now }))
+	cfg := redlimit.PerSecond(2).And(redlimit.PerMinute(3))
+	limiter := client.FixedWindow("search").WithDefault(cfg)
+	fmt.Println(cfg)
+
+	var r redlimit.Result
+	for _, at := range []time.Duration{0, 0, 0, time.Second, 2 * time.Second} {
+		now = start.Add(at)
+		var err error
+		if r, err = limiter.Allow(context.Background(), 1); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("at %v allowed %-5v remaining %d, retry after %-3v rate %d: %d per %v\n",
+			at, r.Allowed, r.Remaining, r.RetryAfter, r.Bound, r.Limit, r.Window)
+	}
+	fmt.Println("every rate:", r.Quotas)
+	// Output:
+	// 2 per 1s and 3 per 1m0s
+	// at 0s allowed true  remaining 1, retry after 0s  rate 0: 2 per 1s
+	// at 0s allowed true  remaining 0, retry after 0s  rate 0: 2 per 1s
+	// at 0s allowed false remaining 0, retry after 1s  rate 0: 2 per 1s
+	// at 1s allowed true  remaining 0, retry after 0s  rate 1: 3 per 1m0s
+	// at 2s allowed false remaining 0, retry after 58s rate 1: 3 per 1m0s
+	// every rate: [{2 1s} {3 1m0s}]
+}
+
 // Acquire waits for its permits, but not past the context's deadline: when
 // the limiter says the wait is longer, it returns at once.
 func ExampleLimiter_Acquire() {

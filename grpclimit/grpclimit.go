@@ -19,6 +19,14 @@
 // limiter is full again, or on a denial the wait; w and t are in whole
 // seconds, rounded up.
 //
+// A limiter of several rates (redlimit.Config.And) is reported as httplimit
+// reports it: ratelimit-policy lists every rate, each named after the
+// PolicyName and its window, and ratelimit the rate that bound the decision
+// (Result.Bound), its t no longer than that rate's window:
+//
+//	ratelimit-policy: "default/1s";q=10;w=1, "default/1h";q=1000;w=3600
+//	ratelimit: "default/1s";r=9;t=1
+//
 // The interceptors are safe for concurrent use.
 package grpclimit
 

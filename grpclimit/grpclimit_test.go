@@ -287,6 +287,48 @@ func TestPeerIP(t *testing.T) {
 	}
 }
 
+// TestSeveralRates: a token bucket of two rates lists both in
+// ratelimit-policy, each named after its window, and ratelimit reports the
+// rate that bound each decision; RetryInfo holds that rate's exact wait.
+func TestSeveralRates(t *testing.T) {
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
+		name := redistest.UniqueName(t, "grpclimit-test:")
+		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
+		conn := limitedServer(t, func(_, key string) *redlimit.Limiter {
+			return client.TokenBucket(name + key).WithDefault(redlimit.PerSecond(2).And(redlimit.PerMinute(3)))
+		}, grpclimit.PolicyName("rpc"))
+
+		const both = `"rpc/1s";q=2;w=1, "rpc/1m";q=3;w=60`
+		exceeded := "grpclimit: rate limit exceeded"
+		fields := func(rateLimit string) map[string]string {
+			return map[string]string{grpclimit.PolicyKey: both, grpclimit.RateLimitKey: rateLimit}
+		}
+		steps := []struct {
+			at   time.Duration // since redistest.WindowStart
+			kind kind
+			want answer
+		}{
+			// The second has fewer left: it binds, and t is within its window.
+			{10 * time.Second, unary, answer{code: codes.OK, fields: fields(`"rpc/1s";r=1;t=1`)}},
+			{10 * time.Second, stream, answer{code: codes.OK, fields: fields(`"rpc/1s";r=0;t=1`)}},
+			// The second denies until its grants come back at 11s.
+			{10500 * time.Millisecond, unary, answer{code: codes.ResourceExhausted, msg: exceeded, retry: "500ms", fields: fields(`"rpc/1s";r=0;t=1`)}},
+			// The minute's last permit: the minute binds, full again when
+			// this grant comes back, at 71s.
+			{11 * time.Second, unary, answer{code: codes.OK, fields: fields(`"rpc/1m";r=0;t=60`)}},
+			// The minute denies until the first grant comes back, at 70s.
+			{30 * time.Second, stream, answer{code: codes.ResourceExhausted, msg: exceeded, retry: "40s", fields: fields(`"rpc/1m";r=0;t=40`)}},
+		}
+		for i, step := range steps {
+			now.Set(redistest.WindowStart.Add(step.at))
+			if got := call(t, conn, step.kind); got.code != step.want.code || got.msg != step.want.msg || got.retry != step.want.retry || !maps.Equal(got.fields, step.want.fields) {
+				t.Errorf("step %d (+%v, %s): %+v\nwant %+v", i, step.at, step.kind, got, step.want)
+			}
+		}
+	})
+}
+
 // TestServerErrors covers what happens when no decision can be made, for
 // unary calls and streams alike.
 func TestServerErrors(t *testing.T) {

@@ -24,6 +24,26 @@
 //	RateLimit-Policy: "per-ip";q=100;w=60, "per-user";q=2;w=60
 //	RateLimit: "per-ip";r=97;t=41, "per-user";r=0;t=41
 //
+// A limiter of several rates (redlimit.Config.And) lists each in
+// RateLimit-Policy, in config order, named after the PolicyName and the
+// rate's window written in its largest whole unit (1s, 90s, 1m, 1h, 1d, or
+// 1500ms for a funnel's), and reports in RateLimit the rate that bound the
+// decision (Result.Bound), as the draft lets a server do. With
+// redlimit.PerSecond(10).And(redlimit.PerHour(1000)), after a first request:
+//
+//	RateLimit-Policy: "default/1s";q=10;w=1, "default/1h";q=1000;w=3600
+//	RateLimit: "default/1s";r=9;t=1
+//
+// and once the hour has fewer permits left than the second, or denies, its
+// item instead. r is the fewest permits any rate has left; t the wait on a
+// denial, else the time until the limiter is full again, but no longer than
+// the bound rate's window (it is full again within it; the slower rates'
+// resets would have a client spread its permits over an hour). Two rates of
+// a funnel can drain in the same time: the later one's name takes its
+// position in the config too ("default/2s#2"). The names follow each
+// decision, so a SetRate that changes an interval renames its rate, and one
+// down to a single rate gives back the plain PolicyName.
+//
 // The handlers after the middleware, DeniedHandler and ErrorHandler among
 // them, find its Decision with FromContext.
 package httplimit
@@ -99,8 +119,9 @@ type Window time.Duration
 // LegacyHeaders adds the pre-standard fields many clients still read:
 // X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset, the last as
 // a Unix time in seconds, as GitHub's API sends it. They hold one limit only:
-// under stacked middlewares that set them, the one that binds (a denial; else
-// the fewest permits left; on a tie, the later reset).
+// of a limiter of several rates, the one RateLimit reports; under stacked
+// middlewares that set them, the one that binds (a denial; else the fewest
+// permits left; on a tie, the later reset).
 type LegacyHeaders bool
 
 // FailOpen lets requests through, without rate-limit fields of their own,

@@ -416,6 +416,76 @@ func TestStackedPolicies(t *testing.T) {
 	})
 }
 
+// TestSeveralRates: a limiter of two rates lists both in RateLimit-Policy,
+// each named after its window, and RateLimit, Retry-After and the legacy
+// fields report the rate that bound each decision. The names follow the
+// config in force.
+func TestSeveralRates(t *testing.T) {
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
+		name := uniqueName(t)
+		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
+		limiter := client.FixedWindow(name).WithDefault(redlimit.PerSecond(2).And(redlimit.PerMinute(3)))
+		handler := httplimit.New(func(string) *redlimit.Limiter { return limiter },
+			httplimit.LegacyHeaders(true), httplimit.Clock(now.Now))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "ok")
+		}))
+
+		const both = `"default/1s";q=2;w=1, "default/1m";q=3;w=60`
+		// fields are the headers of a response: Retry-After (none if "")
+		// and the legacy ones, Reset in seconds since redistest.WindowStart.
+		fields := func(policy, rateLimit, retryAfter, limit, remaining string, reset int64) map[string]string {
+			f := map[string]string{"RateLimit-Policy": policy, "RateLimit": rateLimit,
+				"X-RateLimit-Limit": limit, "X-RateLimit-Remaining": remaining,
+				"X-RateLimit-Reset": strconv.FormatInt(redistest.WindowStart.Unix()+reset, 10)}
+			if retryAfter != "" {
+				f["Retry-After"] = retryAfter
+			}
+			return f
+		}
+		steps := []struct {
+			at      time.Duration // since redistest.WindowStart
+			setRate redlimit.Config
+			status  int
+			fields  map[string]string
+		}{
+			// The second has fewer left than the minute: it binds, and t is
+			// its reset, not the minute's 50s.
+			{at: 10 * time.Second, status: 200, fields: fields(both, `"default/1s";r=1;t=1`, "", "2", "1", 11)},
+			// 0.5s to the second's end, rounded up: t says no more than
+			// that the second is full again within its window.
+			{at: 10500 * time.Millisecond, status: 200, fields: fields(both, `"default/1s";r=0;t=1`, "", "2", "0", 12)},
+			// The second denies, for 0.4s; the minute would have granted.
+			{at: 10600 * time.Millisecond, status: 429, fields: fields(both, `"default/1s";r=0;t=1`, "1", "2", "0", 11)},
+			// A new second: the minute's last permit, so the minute binds.
+			{at: 11 * time.Second, status: 200, fields: fields(both, `"default/1m";r=0;t=49`, "", "3", "0", 60)},
+			// The minute denies, for 48s; the second has permits.
+			{at: 12 * time.Second, status: 429, fields: fields(both, `"default/1m";r=0;t=48`, "48", "3", "0", 60)},
+			{at: 60 * time.Second, status: 200, fields: fields(both, `"default/1s";r=1;t=1`, "", "2", "1", 61)},
+			// A stored config wins over the default, with no extra round
+			// trip: q follows it, and the minute's usage is kept.
+			{at: 61 * time.Second, setRate: redlimit.PerSecond(2).And(redlimit.PerMinute(5)), status: 200,
+				fields: fields(`"default/1s";q=2;w=1, "default/1m";q=5;w=60`, `"default/1s";r=1;t=1`, "", "2", "1", 62)},
+			// Down to one rate: the plain PolicyName again.
+			{at: 62 * time.Second, setRate: redlimit.PerMinute(5), status: 200,
+				fields: fields(`"default";q=5;w=60`, `"default";r=2;t=58`, "", "5", "2", 120)},
+		}
+		for i, step := range steps {
+			now.Set(redistest.WindowStart.Add(step.at))
+			if step.setRate.Rate > 0 {
+				if err := limiter.SetRate(context.Background(), step.setRate); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+			if got := fieldsOf(rec.Header()); rec.Code != step.status || !maps.Equal(got, step.fields) {
+				t.Errorf("step %d (+%v): %d %v\nwant %d %v", i, step.at, rec.Code, got, step.status, step.fields)
+			}
+		}
+	})
+}
+
 // TestPolicyFollowsConfig: w is the window of the config in force, read from
 // each decision, so a SetRate that changes the interval changes w at once.
 // The deprecated Window option, set here as a user of the old API would, is

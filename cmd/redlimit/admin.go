@@ -129,8 +129,9 @@ var (
 	stateFields    = []struct{ field, algorithm string }{{"tat", "funnel"}, {"window", "fixed_window"}, {"count", "fixed_window"}, {"counts", "sliding_window"}}
 	perClientState = []struct{ suffix, algorithm string }{{"tat", "funnel"}, {"window", "fixed_window"}, {"buckets", "sliding_window"}, {"value", "tokenbucket"}, {"permits", "tokenbucket"}}
 	// hashFields is what ls and locate read of a limiter's hash: the
-	// config fields in Config's order, then the algorithm, then state.
-	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts"}
+	// config fields in Config's order, then the algorithm, then state,
+	// then the further rates (Config.More; absent with one rate).
+	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts", "more"}
 )
 
 // classify tells a limiter's algorithm from its hash fields (hashFields'
@@ -229,6 +230,7 @@ type configFlags struct {
 	buckets   int
 	perClient bool
 	keepAlive time.Duration
+	more      moreRates
 }
 
 func (c *configFlags) add(fs *flag.FlagSet, what string) {
@@ -238,6 +240,8 @@ func (c *configFlags) add(fs *flag.FlagSet, what string) {
 	fs.IntVar(&c.buckets, "buckets", 0, "sliding window only: sub-windows per interval (default 10)")
 	fs.BoolVar(&c.perClient, "per-client", false, "a separate limit for each client ID (Type PerClient)")
 	fs.DurationVar(&c.keepAlive, "keep-alive", 0, "the config expires after this long without an acquire (0: never)")
+	c.more.options = true
+	fs.Var(&c.more, "and", "a further rate, N/PERIOD[,burst=B][,buckets=K] such as 1000/1h; repeat for more (Config.And)")
 }
 
 func (c *configFlags) given() bool { return c.rate != 0 || c.per != 0 }
@@ -247,7 +251,7 @@ func (c *configFlags) config() redlimit.Config {
 	if c.perClient {
 		cfg.Type = redlimit.PerClient
 	}
-	return cfg
+	return cfg.And(c.more.rates...)
 }
 
 // configJSON is a Config for scripts: durations in milliseconds, zero
@@ -259,11 +263,25 @@ type configJSON struct {
 	Burst       int64  `json:"burst"`
 	Buckets     int    `json:"buckets"`
 	KeepAliveMS int64  `json:"keep_alive_ms"`
+	// More are the further rates (Config.And), absent with one rate.
+	More []rateJSON `json:"more,omitempty"`
+}
+
+// rateJSON is a further rate: of those, only these fields count.
+type rateJSON struct {
+	Rate       int64 `json:"rate"`
+	IntervalMS int64 `json:"interval_ms"`
+	Burst      int64 `json:"burst"`
+	Buckets    int   `json:"buckets"`
 }
 
 func toJSON(cfg redlimit.Config) *configJSON {
-	return &configJSON{Type: cfg.Type.String(), Rate: cfg.Rate, IntervalMS: cfg.Interval.Milliseconds(),
+	c := &configJSON{Type: cfg.Type.String(), Rate: cfg.Rate, IntervalMS: cfg.Interval.Milliseconds(),
 		Burst: cfg.Burst, Buckets: cfg.Buckets, KeepAliveMS: cfg.KeepAlive.Milliseconds()}
+	for _, r := range cfg.More {
+		c.More = append(c.More, rateJSON{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds(), Burst: r.Burst, Buckets: r.Buckets})
+	}
+	return c
 }
 
 // ms rounds up, so that a script waiting that long has waited long enough.
@@ -281,6 +299,10 @@ type limitUsage struct {
 	// not when its next permit frees (finding that out would take one).
 	RetryAfterMS int64 `json:"retry_after_ms"`
 	ResetAfterMS int64 `json:"reset_after_ms"`
+	// Bound is the rate Limit and Remaining are of, as Result.Bound: 0 the
+	// config's own, i its more[i-1]. With several rates, Remaining is the
+	// fewest any rate has left, and Bound the rate with that few.
+	Bound int `json:"bound"`
 }
 
 func peek(ctx context.Context, l *redlimit.Limiter, client string) (limitUsage, error) {
@@ -288,7 +310,7 @@ func peek(ctx context.Context, l *redlimit.Limiter, client string) (limitUsage, 
 	if err != nil {
 		return limitUsage{}, err
 	}
-	u := limitUsage{Client: client, Limit: r.Limit, Remaining: r.Remaining, ResetAfterMS: ms(r.ResetAfter)}
+	u := limitUsage{Client: client, Limit: r.Limit, Remaining: r.Remaining, ResetAfterMS: ms(r.ResetAfter), Bound: r.Bound}
 	if r.Remaining < 1 {
 		u.RetryAfterMS = u.ResetAfterMS
 	}
@@ -427,7 +449,7 @@ func (r limiterReport) print(w io.Writer) {
 		fmt.Fprintf(tw, "expires\tin %v\n", time.Duration(r.TTLMS)*time.Millisecond)
 	}
 	if r.Usage != nil {
-		fmt.Fprintf(tw, "remaining\t%s\n", r.Usage)
+		fmt.Fprintf(tw, "remaining\t%s%s\n", r.Usage, r.binds(*r.Usage))
 	}
 	tw.Flush()
 	if r.Usage == nil && (r.Config != nil || r.Assumed != nil) || len(r.Clients) > 0 {
@@ -441,15 +463,36 @@ func (r limiterReport) print(w io.Writer) {
 				fmt.Fprintf(tw, "  %s\t(usage unknown without a config)\n", c.Client)
 				continue
 			}
-			fmt.Fprintf(tw, "  %s\t%s\n", c.Client, c)
+			fmt.Fprintf(tw, "  %s\t%s%s\n", c.Client, c, r.binds(c))
 		}
 		tw.Flush()
 	}
 }
 
+// binds names the rate u's numbers are of, when the config has several.
+func (r limiterReport) binds(u limitUsage) string {
+	c := r.Config
+	if c == nil {
+		c = r.Assumed
+	}
+	if c == nil || len(c.More) == 0 || u.full() || u.Bound < 0 || u.Bound > len(c.More) {
+		return ""
+	}
+	cfg := fromJSON(c)
+	bound := redlimit.Config{Rate: cfg.Rate, Interval: cfg.Interval, Burst: cfg.Burst, Buckets: cfg.Buckets}
+	if u.Bound > 0 {
+		bound = cfg.More[u.Bound-1]
+	}
+	return fmt.Sprintf("; %v binds", bound)
+}
+
+// full: with several rates, one can have all its permits while another
+// counts usage; the limiter is full only once nothing is left to reset.
+func (u limitUsage) full() bool { return u.Remaining == u.Limit && u.ResetAfterMS == 0 }
+
 func (u limitUsage) String() string {
 	reset := time.Duration(u.ResetAfterMS) * time.Millisecond
-	if u.Remaining == u.Limit {
+	if u.full() {
 		return fmt.Sprintf("%d of %d; full", u.Remaining, u.Limit)
 	}
 	next := "a permit is free now"
@@ -464,6 +507,9 @@ func fromJSON(c *configJSON) redlimit.Config {
 		Burst: c.Burst, Buckets: c.Buckets, KeepAlive: time.Duration(c.KeepAliveMS) * time.Millisecond}
 	if c.Type == redlimit.PerClient.String() {
 		cfg.Type = redlimit.PerClient
+	}
+	for _, r := range c.More {
+		cfg.More = append(cfg.More, redlimit.Config{Rate: r.Rate, Interval: time.Duration(r.IntervalMS) * time.Millisecond, Burst: r.Burst, Buckets: r.Buckets})
 	}
 	return cfg
 }
@@ -494,6 +540,9 @@ a new one needs --algorithm: the one its services' handles use.
 	}
 	// Ranges before dialling; the fields an algorithm uses once it is known.
 	common := c.config()
+	for i := range common.More {
+		common.More[i].Burst, common.More[i].Buckets = 0, 0
+	}
 	common.Burst, common.Buckets = 0, 0
 	if err := redlimit.New(nil).TokenBucket(pos[0]).Validate(common); err != nil {
 		return usageError(a.fs, "%v", err)

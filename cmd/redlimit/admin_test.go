@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"reflect"
 	"regexp"
 	"runtime"
 	"slices"
@@ -108,7 +110,10 @@ func (s server) ls(t *testing.T, prefix string, args ...string) map[string]lsLin
 
 func newPrefix() string { return uniqueName("t") + ":" }
 
-func cfgJSON(cfg redlimit.Config) configJSON { return *toJSON(cfg) }
+// is reports whether got is cfg, as get and ls write it.
+func is(got *configJSON, cfg redlimit.Config) bool {
+	return got != nil && reflect.DeepEqual(*got, *toJSON(cfg))
+}
 
 // TestAdmin takes a limiter of each algorithm through every admin command.
 func TestAdmin(t *testing.T) {
@@ -128,8 +133,8 @@ func TestAdmin(t *testing.T) {
 				}
 
 				rep := s.get(t, prefix, "api")
-				want := cfgJSON(redlimit.PerHour(10))
-				if rep.Algorithm != alg.name || rep.Key != prefix+"{api}" || rep.Config == nil || *rep.Config != want || rep.TTLMS != -1 {
+				want := redlimit.PerHour(10)
+				if rep.Algorithm != alg.name || rep.Key != prefix+"{api}" || !is(rep.Config, want) || rep.TTLMS != -1 {
 					t.Errorf("get: %+v, config %+v", rep, rep.Config)
 				}
 				if u := rep.Usage; u == nil || u.Limit != 10 || u.Remaining != 7 || u.RetryAfterMS != 0 || u.ResetAfterMS <= 0 || u.ResetAfterMS > 3_600_000 {
@@ -141,7 +146,7 @@ func TestAdmin(t *testing.T) {
 						t.Errorf("get lacks %q:\n%s", line, text)
 					}
 				}
-				if got := s.ls(t, prefix); len(got) != 1 || got["api"].Algorithm != alg.name || got["api"].Config == nil || *got["api"].Config != want {
+				if got := s.ls(t, prefix); len(got) != 1 || got["api"].Algorithm != alg.name || !is(got["api"].Config, want) {
 					t.Errorf("ls: %+v", got)
 				}
 				if out := s.must(t, prefix, "ls"); strings.Join(strings.Fields(out), " ") != "api "+alg.name+" 10 per 1h0m0s" {
@@ -149,11 +154,11 @@ func TestAdmin(t *testing.T) {
 				}
 
 				out := s.must(t, prefix, "set", "api", "--rate", "20", "--per", "1h", "--if-absent")
-				if cfg, err := l.Config(ctx); !strings.Contains(out, "keeps the config stored already: 10 per 1h0m0s") || err != nil || cfg != redlimit.PerHour(10) {
+				if cfg, err := l.Config(ctx); !strings.Contains(out, "keeps the config stored already: 10 per 1h0m0s") || err != nil || !reflect.DeepEqual(cfg, redlimit.PerHour(10)) {
 					t.Errorf("set --if-absent on a stored config: %q; now %v %v", out, cfg, err)
 				}
 				s.must(t, prefix, "set", "--rate", "20", "--per", "1h", "api") // flags before or after NAME
-				if cfg, err := l.Config(ctx); err != nil || cfg != redlimit.PerHour(20) {
+				if cfg, err := l.Config(ctx); err != nil || !reflect.DeepEqual(cfg, redlimit.PerHour(20)) {
 					t.Errorf("after set: %v %v", cfg, err)
 				}
 				other := "funnel"
@@ -236,7 +241,7 @@ func TestGetWritesNothing(t *testing.T) {
 						s.ls(t, prefix)
 
 						after := snapshot(t, s, prefix)
-						if len(before) == 0 || !maps(before, after) {
+						if len(before) == 0 || !maps.Equal(before, after) {
 							t.Errorf("keys changed:\nbefore %q\nafter  %q", before, after)
 						}
 
@@ -244,10 +249,10 @@ func TestGetWritesNothing(t *testing.T) {
 						if rep.Algorithm != alg.name {
 							t.Errorf("algorithm %q", rep.Algorithm)
 						}
-						if stored != (rep.Config != nil) || stored && *rep.Config != cfgJSON(cfg) {
+						if stored != (rep.Config != nil) || stored && !is(rep.Config, cfg) {
 							t.Errorf("config %+v", rep.Config)
 						}
-						if !stored && (rep.Usage != nil || assumed.Assumed == nil || *assumed.Assumed != cfgJSON(cfg)) {
+						if !stored && (rep.Usage != nil || !is(assumed.Assumed, cfg)) {
 							t.Errorf("without a stored config: usage %+v, assumed %+v", rep.Usage, assumed.Assumed)
 						}
 						if !perClient {
@@ -278,18 +283,6 @@ func TestGetWritesNothing(t *testing.T) {
 			}
 		}
 	})
-}
-
-func maps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // snapshot reads every key under prefix: its type, contents and absolute
@@ -398,7 +391,7 @@ func TestLs(t *testing.T) {
 			t.Errorf("ls: %q, want %q", names, want)
 		}
 		for name, x := range stored {
-			if l := got[name]; l.Config == nil || *l.Config != cfgJSON(x.cfg) || l.Key != x.l.Name() {
+			if l := got[name]; !is(l.Config, x.cfg) || l.Key != x.l.Name() {
 				t.Errorf("%s: %+v, config %+v", name, l, l.Config)
 			}
 		}
@@ -435,7 +428,7 @@ func TestRedisson(t *testing.T) {
 		redistest.WriteRedisson(ctx, s.rdb, name, s.rdb.Time(ctx).Val())
 
 		rep := s.get(t, "", name)
-		if rep.Algorithm != "tokenbucket" || rep.Key != name || rep.Config == nil || *rep.Config != cfgJSON(redlimit.Per(5, 10*time.Second)) {
+		if rep.Algorithm != "tokenbucket" || rep.Key != name || !is(rep.Config, redlimit.Per(5, 10*time.Second)) {
 			t.Errorf("get: %+v, config %+v", rep, rep.Config)
 		}
 		if u := rep.Usage; u == nil || u.Remaining != 2 || u.Limit != 5 || u.ResetAfterMS < 8000 || u.ResetAfterMS > 9000 {
@@ -447,7 +440,7 @@ func TestRedisson(t *testing.T) {
 
 		s.must(t, "", "set", name, "--rate", "8", "--per", "10s")
 		want := map[string]string{"rate": "8", "interval": "10000", "type": "0", "keepAliveTime": "0"}
-		if h := s.rdb.HGetAll(ctx, name).Val(); !maps(h, want) {
+		if h := s.rdb.HGetAll(ctx, name).Val(); !maps.Equal(h, want) {
 			t.Errorf("hash after set: %v, want Redisson's %v", h, want)
 		}
 		if u := s.get(t, "", name).Usage; u == nil || u.Remaining != 5 {
@@ -506,6 +499,13 @@ func TestAdminCommandLine(t *testing.T) {
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "leaky"}, exitUsage, `unknown algorithm "leaky"`},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "fixed_window", "--burst", "5"}, exitUsage, "only a funnel has a burst"},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--json"}, exitUsage, "flag provided but not defined: -json"},
+		{[]string{"set", "--redis", r, "rates", "--rate", "1", "--per", "1s", "--and", "100"}, exitUsage, "want N/PERIOD, such as 1000/1h"},
+		{[]string{"set", "--redis", r, "rates", "--rate", "1", "--per", "1s", "--and", "x/1h"}, exitUsage, `rate "x" is not an integer`},
+		{[]string{"set", "--redis", r, "rates", "--rate", "1", "--per", "1s", "--and", "100/soon"}, exitUsage, `period "soon"`},
+		{[]string{"set", "--redis", r, "rates", "--rate", "1", "--per", "1s", "--and", "100/1h,size=3"}, exitUsage, `unknown option "size=3"`},
+		{[]string{"set", "--redis", r, "rates", "--rate", "1", "--per", "1s", "--and", "100/1h,burst=many"}, exitUsage, `burst "many" is not an integer`},
+		{[]string{"set", "--redis", r, "rates", "--rate", "10", "--per", "1s", "--and", "5/1m"}, exitUsage, "5 per 1m0s grants no more than 10 per 1s"},
+		{[]string{"set", "--redis", r, "rates", "--rate", "10", "--per", "1s", "--and", "100/1h,burst=5", "--algorithm", "fixed_window"}, exitUsage, "only a funnel has a burst"},
 		{[]string{"expire", "--redis", r, "api"}, exitUsage, "want 2 arguments, got 1"},
 		{[]string{"expire", "--redis", r, "api", "0"}, exitUsage, "to delete, use redlimit delete"},
 		{[]string{"expire", "--redis", r, "api", "soon"}, exitUsage, `DURATION "soon"`},
@@ -671,4 +671,81 @@ func (c *lineCounter) Write(p []byte) (int, error) {
 		c.sample(c.n)
 	}
 	return len(p), nil
+}
+
+// TestSeveralRates: set stores further rates (--and), get and ls show them
+// and write nothing, and get names the rate its numbers are of.
+func TestSeveralRates(t *testing.T) {
+	ctx := context.Background()
+	eachServer(t, func(t *testing.T, s server) {
+		for _, alg := range algorithms {
+			t.Run(alg.name, func(t *testing.T) {
+				prefix := newPrefix()
+				// Each algorithm's own option on the further rate too.
+				option, day, dayLimit := "", redlimit.Per(5, 24*time.Hour), int64(5)
+				switch alg.name {
+				case "funnel":
+					option, day.Burst, dayLimit = ",burst=4", 4, 4
+				case "sliding_window":
+					option, day.Buckets = ",buckets=4", 4
+				}
+				s.must(t, prefix, "set", "api", "--rate", "3", "--per", "1h", "--and", "5/24h"+option, "--algorithm", alg.name)
+				want := redlimit.PerHour(3).And(day)
+				l := alg.limiter(redlimit.New(s.rdb, redlimit.WithPrefix(prefix)), "api")
+				if cfg, err := l.Config(ctx); err != nil || !reflect.DeepEqual(cfg, want) {
+					t.Fatalf("stored %v %v, want %v", cfg, err, want)
+				}
+				if ok, err := l.TryAcquire(ctx, 3); !ok || err != nil {
+					t.Fatalf("TryAcquire: %v %v", ok, err)
+				}
+
+				before := snapshot(t, s, prefix)
+				// The hour has none left, the day some: the hour binds.
+				rep := s.get(t, prefix, "api")
+				text := s.must(t, prefix, "get", "api")
+				lines := s.ls(t, prefix)
+				listed := s.must(t, prefix, "ls")
+				if after := snapshot(t, s, prefix); len(before) == 0 || !maps.Equal(before, after) {
+					t.Errorf("keys changed:\nbefore %q\nafter  %q", before, after)
+				}
+				if !is(rep.Config, want) || !is(lines["api"].Config, want) || len(rep.Config.More) != 1 {
+					t.Errorf("get %+v, ls %+v: want %v", rep.Config, lines["api"].Config, want)
+				}
+				if u := rep.Usage; u == nil || u.Bound != 0 || u.Limit != 3 || u.Remaining != 0 || u.RetryAfterMS <= 0 {
+					t.Errorf("usage %+v: want 0 of 3 left, bound by the hour", u)
+				}
+				if wantLine := "api " + alg.name + " " + want.String(); strings.Join(strings.Fields(listed), " ") != wantLine {
+					t.Errorf("ls: %q, want %q", listed, wantLine)
+				}
+				for _, line := range []string{"config     " + want.String() + "  (stored)", "remaining  0 of 3; next permit within ", "; 3 per 1h0m0s binds\n"} {
+					if !strings.Contains(text, line) {
+						t.Errorf("get lacks %q:\n%s", line, text)
+					}
+				}
+
+				// A new interval starts that rate afresh; the day keeps its
+				// usage, and now binds with the fewest permits left. The
+				// token bucket keeps every rate's usage: its logs hold each
+				// grant's time, which counts under any interval.
+				s.must(t, prefix, "set", "api", "--rate", "3", "--per", "30m", "--and", "5/24h"+option)
+				bound, limit, left, binds := 1, dayLimit, dayLimit-3, day.String()
+				if alg.name == "tokenbucket" {
+					bound, limit, left, binds = 0, 3, 0, "3 per 30m0s"
+				}
+				if u := s.get(t, prefix, "api").Usage; u == nil || u.Bound != bound || u.Limit != limit || u.Remaining != left {
+					t.Errorf("usage %+v: want %d of %d left, bound by rate %d", u, left, limit, bound)
+				}
+				if text := s.must(t, prefix, "get", "api"); !strings.Contains(text, "; "+binds+" binds\n") {
+					t.Errorf("get does not say %s binds:\n%s", binds, text)
+				}
+			})
+		}
+
+		// A further rate ls cannot read is corrupt, as the scripts find it.
+		prefix := newPrefix()
+		s.rdb.HSet(ctx, prefix+"{bad}", "rate", "1", "interval", "1000", "algorithm", "funnel", "more", "5 60000 0")
+		if l := s.ls(t, prefix)["bad"]; l.Corrupt != `field more = "5 60000 0"` || l.Config != nil {
+			t.Errorf("ls of a corrupt more: %+v", l)
+		}
+	})
 }

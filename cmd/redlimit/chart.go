@@ -63,7 +63,7 @@ func (c comparison) terminalChart(colour bool) string {
 		b.WriteString("\n")
 	}
 
-	plot(fmt.Sprintf("Traffic %q: %s. Limit: %d per %v for every algorithm.\n", c.pattern, patterns[c.pattern].about, c.cfg.Rate, c.cfg.Interval),
+	plot(fmt.Sprintf("Traffic %q: %s. Limit: %v for every algorithm.\n", c.pattern, patterns[c.pattern].about, c.cfg),
 		1, [][]float64{floats(c.offered)}, "requests offered per "+c.tick.String())
 	limit := constant(float64(c.cfg.Rate), len(c.offered))
 	for _, r := range c.results {
@@ -93,7 +93,7 @@ func (c comparison) saveImage(path string) error {
 	top *= 1.5 // room for the legend above the highest line
 
 	rows := [][]*plot.Plot{{c.panel(
-		fmt.Sprintf("Traffic %q: %s (limit %d per %v)", c.pattern, patterns[c.pattern].about, c.cfg.Rate, c.cfg.Interval),
+		fmt.Sprintf("Traffic %q: %s (limit %v)", c.pattern, patterns[c.pattern].about, c.cfg),
 		max(top, float64(slicesMax(c.offered))*1.5),
 		steps(c.offered, c.tick.Seconds(), offeredColour, "requests offered per "+c.tick.String()),
 	)}}

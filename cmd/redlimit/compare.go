@@ -22,9 +22,11 @@ func compare(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("compare", "compare [flags]", `Sends one traffic pattern through a limiter of each algorithm, all with the
 same rate, on a simulated clock (the run takes no time and is the same every
 time), and charts what each granted: per tick, and in the last interval against
-the limit.
+the limit. With -and, every limiter has a further rate too (Config.And), and
+each panel says how close each rate came to its limit.
 
 	redlimit compare -pattern edge -out compare.png
+	redlimit compare -pattern steady -and 25/5s
 `, stderr)
 	var be backend
 	be.addFlags(fs)
@@ -33,6 +35,8 @@ the limit.
 	interval := fs.Duration("interval", time.Second, "the limit's interval")
 	windows := fs.Int("windows", 6, "how many intervals to simulate")
 	out := fs.String("out", "", "also draw the chart to this file: .png or .svg")
+	var and moreRates
+	fs.Var(&and, "and", "a further rate for every algorithm, N/PERIOD such as 25/5s; repeat for more")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -50,7 +54,10 @@ the limit.
 	case *interval < 10*time.Millisecond:
 		return usageError(fs, "-interval %v: want at least 10ms", *interval)
 	}
-	cfg := redlimit.Per(*rate, *interval)
+	cfg := redlimit.Per(*rate, *interval).And(and.rates...)
+	if err := redlimit.New(nil).FixedWindow("compare").Validate(cfg); err != nil {
+		return usageError(fs, "%v", err)
+	}
 
 	if code, ok := be.start(ctx, fs); !ok {
 		return code
@@ -161,7 +168,9 @@ type algorithmResult struct {
 	granted     []int // per tick
 	rolling     []int // granted in the interval that ends with each tick
 	total       int
-	busiest     int // most grants in any span of one interval, from the exact grant times
+	// busiest is the most grants in any span of one interval, from the
+	// exact grant times; one per rate, the config's first.
+	busiest []int
 }
 
 // simulate offers the pattern's requests to one limiter of each algorithm,
@@ -209,7 +218,10 @@ func simulate(ctx context.Context, rdb redis.Scripter, patternName string, cfg r
 			}
 		}
 		r.total = len(grants[i])
-		r.busiest = busiest(grants[i], cfg.Interval)
+		r.busiest = append(r.busiest, busiest(grants[i], cfg.Interval))
+		for _, more := range cfg.More {
+			r.busiest = append(r.busiest, busiest(grants[i], more.Interval))
+		}
 	}
 	return c, nil
 }
@@ -228,5 +240,9 @@ func busiest(times []time.Duration, span time.Duration) int {
 
 // measured is what an algorithm's chart shows, in numbers.
 func (c comparison) measured(r algorithmResult) string {
-	return fmt.Sprintf("%d granted; at most %d in any %v (limit %d)", r.total, r.busiest, c.cfg.Interval, c.cfg.Rate)
+	s := fmt.Sprintf("%d granted; at most %d in any %v (limit %d)", r.total, r.busiest[0], c.cfg.Interval, c.cfg.Rate)
+	for i, more := range c.cfg.More {
+		s += fmt.Sprintf(", %d in any %v (limit %d)", r.busiest[i+1], more.Interval, more.Rate)
+	}
+	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -24,7 +25,11 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 and client ID, sending bursty traffic to one shared limit. Halfway, one of them
 changes the rate (SetRate) and the others follow. Then it shows what each got,
 per instance and per second, and checks every second's grants against the
-limit in force; it exits 1 if the limit did not hold.
+limit in force; it exits 1 if the limit did not hold. With -and, the limit
+has a further rate (Config.And), which the SetRate keeps, checked in its own
+windows too:
+
+	redlimit demo -and 40/4s -duration 8s
 `, stderr)
 	var be backend
 	be.addFlags(fs)
@@ -34,6 +39,8 @@ limit in force; it exits 1 if the limit did not hold.
 	fs.StringVar(&s.algorithm, "algorithm", "tokenbucket", "the limiter: "+strings.Join(algorithmNames(), ", "))
 	fs.Int64Var(&s.rate, "rate", 20, "permits per second, shared by all instances")
 	fs.Int64Var(&s.newRate, "new-rate", 10, "the rate one instance sets halfway through")
+	var and moreRates
+	fs.Var(&and, "and", "a further rate, N/PERIOD such as 40/4s (PERIOD whole seconds, at least 2s); repeat for more")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -49,14 +56,33 @@ limit in force; it exits 1 if the limit did not hold.
 	case s.rate < 1 || s.rate > 100_000 || s.newRate < 1 || s.newRate > 100_000:
 		return usageError(fs, "-rate %d, -new-rate %d: want 1 to 100000", s.rate, s.newRate)
 	}
+	s.more = and.rates
+	for _, more := range s.more {
+		// The further rates are checked in windows made of whole seconds
+		// of the per-second table.
+		if more.Interval%time.Second != 0 || more.Interval < 2*time.Second {
+			return usageError(fs, "-and %v: want a PERIOD of whole seconds, at least 2s", more)
+		}
+	}
+	validate := algorithms[slices.Index(algorithmNames(), s.algorithm)].limiter(redlimit.New(nil), "demo").Validate
+	for _, cfg := range []redlimit.Config{s.config(s.rate), s.config(s.newRate)} {
+		if err := validate(cfg); err != nil {
+			return usageError(fs, "%v", err)
+		}
+	}
 
 	if code, ok := be.start(ctx, fs); !ok {
 		return code
 	}
 	defer be.close()
-	fmt.Fprintf(stdout, "%d instances share one %s limit of %d per second on %v, for %v.\n",
-		s.instances, s.algorithm, s.rate, &be, s.duration)
-	fmt.Fprintf(stdout, "Halfway, instance-1 sets it to %d per second; the others are not told.\n\n", s.newRate)
+	limit, kept := fmt.Sprintf("%d per second", s.rate), ""
+	for _, more := range s.more {
+		limit += fmt.Sprintf(" and %d per %v", more.Rate, more.Interval)
+		kept = " (keeping the further rates)"
+	}
+	fmt.Fprintf(stdout, "%d instances share one %s limit of %s on %v, for %v.\n",
+		s.instances, s.algorithm, limit, &be, s.duration)
+	fmt.Fprintf(stdout, "Halfway, instance-1 sets it to %d per second%s; the others are not told.\n\n", s.newRate, kept)
 
 	r, err := runDemo(ctx, &be, s, newProgress(stdout, s.duration))
 	if err != nil {
@@ -74,6 +100,12 @@ type demoSettings struct {
 	duration      time.Duration
 	algorithm     string
 	rate, newRate int64
+	more          []redlimit.Config // further rates (-and), which SetRate keeps
+}
+
+// config is the demo's limit with perSecond as its first rate.
+func (s demoSettings) config(perSecond int64) redlimit.Config {
+	return redlimit.PerSecond(perSecond).And(s.more...)
 }
 
 func algorithmNames() []string {
@@ -133,7 +165,7 @@ func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (dem
 	traffic, stop := context.WithTimeout(ctx, s.duration)
 	defer stop()
 	name := uniqueName("redlimit-demo:")
-	cfg := redlimit.PerSecond(s.rate)
+	cfg := s.config(s.rate)
 	alg := algorithms[slices.Index(algorithmNames(), s.algorithm)]
 	result := demoResult{settings: s, instances: make([]instanceResult, s.instances)}
 	var changedAt atomic.Pointer[time.Time] // when instance-1's SetRate decided
@@ -158,7 +190,7 @@ func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (dem
 			for traffic.Err() == nil {
 				if i == 0 && changedAt.Load() == nil && time.Since(start) >= s.duration/2 {
 					inOrder.Lock()
-					err := limiter.SetRate(ctx, redlimit.PerSecond(s.newRate))
+					err := limiter.SetRate(ctx, s.config(s.newRate))
 					inOrder.Unlock()
 					if err != nil {
 						res.err = fmt.Errorf("SetRate: %w", err)
@@ -209,6 +241,11 @@ func runDemo(ctx context.Context, be *backend, s demoSettings, p *progress) (dem
 // record counts one decision. Decisions reach Redis in the order of their
 // instants, so one after the change must report the new rate.
 func (r *instanceResult) record(at time.Time, res redlimit.Result, changedAt *time.Time, oldRate, newRate int64) {
+	if len(res.Quotas) > 0 {
+		// Limit is the bound rate's; the per-second table checks the
+		// first rate's, and each further rate has a table of its own.
+		res.Limit = res.Quotas[0].Limit
+	}
 	if res.Allowed {
 		r.granted++
 	} else {
@@ -281,7 +318,7 @@ func (d demoResult) report(w io.Writer) bool {
 	}
 	fmt.Fprintln(tw, header+"\theld")
 	exceeded := 0
-	for _, at := range slices.Sorted(mapsKeys(windows)) {
+	for _, at := range slices.Sorted(maps.Keys(windows)) {
 		t := windows[at]
 		limit := slices.Max(t.limits)
 		bound := limit
@@ -322,6 +359,32 @@ func (d demoResult) report(w io.Writer) bool {
 	if s.algorithm == "funnel" {
 		fmt.Fprintln(w, "(A funnel takes a burst of Rate, then drains Rate per second: at most twice the rate in one second.)")
 	}
+	checked := len(windows)
+	for _, more := range s.more {
+		// Windows of the rate's interval, aligned to the epoch as fixed
+		// windows are, summed from the per-second ones.
+		per := int64(more.Interval / time.Second)
+		granted := map[int64]int{}
+		for at, t := range windows {
+			granted[at-at%per] += t.granted
+		}
+		bound := more.Rate
+		if s.algorithm == "funnel" {
+			bound = 2 * more.Rate // a full funnel plus what drains in one interval
+		}
+		fmt.Fprintf(tw, "\nPer %v (the %d per %v rate's windows; the first and last are partial):\n", more.Interval, more.Rate, more.Interval)
+		fmt.Fprintln(tw, "from\tat most\tgranted\theld")
+		for _, at := range slices.Sorted(maps.Keys(granted)) {
+			held := "yes"
+			if int64(granted[at]) > bound {
+				held = "NO"
+				exceeded++
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", time.Unix(at, 0).Format("15:04:05"), bound, granted[at], held)
+		}
+		tw.Flush()
+		checked += len(granted)
+	}
 
 	silent := 0 // instances with no decision after the change: their following is unchecked
 	for _, r := range d.instances[1:] {
@@ -333,7 +396,7 @@ func (d demoResult) report(w io.Writer) bool {
 	fmt.Fprintln(w)
 	switch {
 	case exceeded > 0:
-		fmt.Fprintf(w, "FAILED: the shared limit did not hold in %d of %d windows.\n", exceeded, len(windows))
+		fmt.Fprintf(w, "FAILED: the shared limit did not hold in %d of %d windows.\n", exceeded, checked)
 		ok = false
 	case !ok:
 		fmt.Fprintln(w, "FAILED: an instance kept deciding under the old rate after the change.")
@@ -343,23 +406,13 @@ func (d demoResult) report(w io.Writer) bool {
 	case silent > 0:
 		// A starved instance (a loaded machine, a short run) leaves nothing to check
 		// of its own following; the shared limit was still checked in every window.
-		fmt.Fprintf(w, "The shared limit held: in each of the %d windows, the instances together got no more than the limit in force.\n", len(windows))
+		fmt.Fprintf(w, "The shared limit held: in each of the %d windows, the instances together got no more than the limit in force.\n", checked)
 		fmt.Fprintf(w, "%d instance(s) made no decision after the change, so their following it is unchecked. Try a longer -duration.\n", silent)
 	default:
-		fmt.Fprintf(w, "The shared limit held: in each of the %d windows, the instances together got no more than the limit in force,\n", len(windows))
+		fmt.Fprintf(w, "The shared limit held: in each of the %d windows, the instances together got no more than the limit in force,\n", checked)
 		fmt.Fprintln(w, "and every instance followed the new rate as soon as it was set.")
 	}
 	return ok
-}
-
-func mapsKeys(m map[int64]*tally) func(func(int64) bool) {
-	return func(yield func(int64) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // progress shows the run as it goes: redrawn in place on a terminal, a line

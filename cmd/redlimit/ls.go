@@ -196,8 +196,26 @@ func storedConfig(f []any) (redlimit.Config, error) {
 		}
 		n[i] = v
 	}
-	return redlimit.Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: redlimit.RateType(n[2]),
-		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond}, nil
+	cfg := redlimit.Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: redlimit.RateType(n[2]),
+		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond}
+	more, _ := f[len(f)-1].(string)
+	// Four integers a rate: rate, interval in ms, burst, buckets.
+	fields := strings.Fields(more)
+	if len(fields)%4 != 0 {
+		return redlimit.Config{}, fmt.Errorf("field more = %q", more)
+	}
+	for i := 0; i < len(fields); i += 4 {
+		var r [4]int64
+		for j := range r {
+			v, err := strconv.ParseInt(fields[i+j], 10, 64)
+			if err != nil || v < 0 {
+				return redlimit.Config{}, fmt.Errorf("field more = %q", more)
+			}
+			r[j] = v
+		}
+		cfg.More = append(cfg.More, redlimit.Config{Rate: r[0], Interval: time.Duration(r[1]) * time.Millisecond, Burst: r[2], Buckets: int(r[3])})
+	}
+	return cfg, nil
 }
 
 // nameOf returns the name of the limiter whose hash is key, or false when
@@ -230,7 +248,7 @@ func fullName(prefix, name string) string {
 
 // suffixes are the words a limiter's other keys add after its name
 // ("Keys in Redis" in the README).
-var suffixes = []string{"value", "permits", "clients", "requests", "tat", "window", "buckets"}
+var suffixes = []string{"value", "permits", "grants", "clients", "requests", "tat", "window", "buckets"}
 
 // isSuffixKey reports whether key is name:suffix for a name with a hash tag:
 // after the tag, a ':' and one of the suffix words, alone or before a ':'.

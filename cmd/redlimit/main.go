@@ -20,10 +20,13 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
 )
 
 const usage = `redlimit shows the redlimit library at work: rate limits shared through Redis.
@@ -42,7 +45,7 @@ Admin commands, against a real Redis (--redis, --cluster or --sentinel):
 
 	redlimit ls [flags] [PATTERN]        the limiters, one line each
 	redlimit get [flags] NAME            a limiter's config, usage and TTL
-	redlimit set NAME --rate N --per D   store a rate (SetRate)
+	redlimit set NAME --rate N --per D   store a rate (SetRate; --and adds more)
 	redlimit reset NAME                  forget usage, keep the config
 	redlimit delete NAME [--yes]         remove every key of the limiter
 	redlimit expire NAME DURATION        have the limiter's keys expire
@@ -272,4 +275,59 @@ func uniqueName(prefix string) string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return prefix + hex.EncodeToString(b)
+}
+
+// moreRates is the repeatable flag --and: further rates of one limiter
+// (redlimit.Config.And), each N/PERIOD (PERIOD as throttle reads it: whole
+// seconds or a duration). With options, as set and get take it, a rate may
+// add ,burst=B (a funnel's) or ,buckets=K (a sliding window's).
+type moreRates struct {
+	rates   []redlimit.Config
+	options bool
+}
+
+func (m *moreRates) String() string {
+	var s []string
+	for _, r := range m.rates {
+		s = append(s, r.String())
+	}
+	return strings.Join(s, " and ")
+}
+
+func (m *moreRates) Set(arg string) error {
+	spec, opts, hasOpts := strings.Cut(arg, ",")
+	n, per, ok := strings.Cut(spec, "/")
+	if !ok {
+		return fmt.Errorf("want N/PERIOD, such as 1000/1h")
+	}
+	rate, err := strconv.ParseInt(n, 10, 64)
+	if err != nil {
+		return fmt.Errorf("rate %q is not an integer", n)
+	}
+	interval, err := parsePeriod(per)
+	if err != nil {
+		return fmt.Errorf("period %q: %v", per, err)
+	}
+	cfg := redlimit.Config{Rate: rate, Interval: interval}
+	if hasOpts && !m.options {
+		return fmt.Errorf("want N/PERIOD, such as 1000/1h: %q has options", arg)
+	}
+	for hasOpts {
+		var opt string
+		opt, opts, hasOpts = strings.Cut(opts, ",")
+		key, value, _ := strings.Cut(opt, "=")
+		v, err := strconv.ParseInt(value, 10, 64)
+		switch {
+		case key != "burst" && key != "buckets":
+			return fmt.Errorf("unknown option %q: want burst=B or buckets=K", opt)
+		case err != nil:
+			return fmt.Errorf("%s %q is not an integer", key, value)
+		case key == "burst":
+			cfg.Burst = v
+		default:
+			cfg.Buckets = int(v)
+		}
+	}
+	m.rates = append(m.rates, cfg)
+	return nil
 }

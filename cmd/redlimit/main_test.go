@@ -62,6 +62,10 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"compare", "-h"}, exitOK, "-pattern"},
 		{[]string{"compare", "-pattern", "sine"}, exitUsage, `unknown pattern "sine": want one of edge, ramp, steady`},
 		{[]string{"compare", "-out", "chart.jpg"}, exitUsage, "want a .png or .svg file"},
+		{[]string{"compare", "-and", "5/5s"}, exitUsage, "5 per 5s grants no more than 10 per 1s"},
+		{[]string{"compare", "-and", "50/5s,burst=60"}, exitUsage, `"50/5s,burst=60" has options`},
+		{[]string{"demo", "-and", "50/2500ms"}, exitUsage, "-and 50 per 2.5s: want a PERIOD of whole seconds, at least 2s"},
+		{[]string{"demo", "-and", "15/2s"}, exitUsage, "15 per 2s grants no more than 20 per 1s"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -116,7 +120,7 @@ func TestSimulate(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, r := range c.results {
-				if got := (counts{r.total, r.busiest}); got != tt.want[r.name] {
+				if got := (counts{r.total, r.busiest[0]}); len(r.busiest) != 1 || got != tt.want[r.name] {
 					t.Errorf("%s: %+v, want %+v", r.name, got, tt.want[r.name])
 				}
 				if len(r.granted) != 40 || len(r.rolling) != 40 {
@@ -129,6 +133,50 @@ func TestSimulate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSimulateSeveralRates: with a further rate of 25 per 4s, each
+// algorithm keeps to both rates as it keeps to one, on miniredis and a real
+// Redis: the windows and the token bucket pass at most 25 in 4s; the
+// funnel, whose rates each take a burst, up to 25 + 25.
+func TestSimulateSeveralRates(t *testing.T) {
+	type counts struct{ total, perSecond, per4s int }
+	tests := []struct {
+		pattern string
+		want    map[string]counts
+	}{
+		// Bursts across the edges at 1s, 3s, 5s and 7s. The fixed window
+		// passes 20 across an edge, and the 4s windows cut the second burst
+		// of each to 5. The token bucket's grants of the first burst are back
+		// for the third (at 4.7s): 10 a burst, 20 in any 4s.
+		{"edge", map[string]counts{"fixed_window": {50, 20, 25}, "sliding_window": {40, 10, 20}, "tokenbucket": {40, 10, 20}, "funnel": {60, 15, 30}}},
+		// Twice the per-second rate: 10 in each of two seconds, then 5,
+		// then nothing until the 4s window moves on.
+		{"steady", map[string]counts{"fixed_window": {50, 10, 25}, "sliding_window": {50, 10, 25}, "tokenbucket": {50, 10, 25}, "funnel": {74, 19, 49}}},
+	}
+	cfg := redlimit.PerSecond(10).And(redlimit.Per(25, 4*time.Second))
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		rdb := newRDB()
+		for _, tt := range tests {
+			t.Run(tt.pattern, func(t *testing.T) {
+				c, err := simulate(context.Background(), rdb, tt.pattern, cfg, 8*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range c.results {
+					if len(r.busiest) != 2 {
+						t.Fatalf("%s: busiest %v, want one per rate", r.name, r.busiest)
+					}
+					if got := (counts{r.total, r.busiest[0], r.busiest[1]}); got != tt.want[r.name] {
+						t.Errorf("%s: %+v, want %+v", r.name, got, tt.want[r.name])
+					}
+				}
+				if r := c.results[0]; c.measured(r) != "50 granted; at most "+map[string]string{"edge": "20", "steady": "10"}[tt.pattern]+" in any 1s (limit 10), 25 in any 4s (limit 25)" {
+					t.Errorf("measured: %q", c.measured(r))
+				}
+			})
+		}
+	})
 }
 
 func TestCompareDrawsCharts(t *testing.T) {
@@ -174,9 +222,32 @@ func TestDemo(t *testing.T) {
 	}
 }
 
+// TestDemoSeveralRates: with a further rate, which the SetRate keeps, the
+// demo checks that rate's windows too.
+func TestDemoSeveralRates(t *testing.T) {
+	for _, algorithm := range []string{"tokenbucket", "funnel", "fixed_window", "sliding_window"} {
+		t.Run(algorithm, func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := runCommand(t, "demo", "-instances", "3", "-duration", "3s", "-algorithm", algorithm, "-and", "25/2s")
+			checkDemo(t, code, stdout, stderr)
+			for _, want := range []string{
+				"limit of 20 per second and 25 per 2s on",
+				"sets it to 10 per second (keeping the further rates)",
+				"Per 2s (the 25 per 2s rate's windows; the first and last are partial):",
+			} {
+				if !strings.Contains(stdout, want) {
+					t.Errorf("output lacks %q:\n%s", want, stdout)
+				}
+			}
+		})
+	}
+}
+
 func TestDemoOnRedis(t *testing.T) {
 	s := redistest.Shared(t)
 	code, stdout, stderr := runCommand(t, "demo", "--redis", "redis://"+s.Addr(), "-instances", "2", "-duration", "2s")
+	checkDemo(t, code, stdout, stderr)
+	code, stdout, stderr = runCommand(t, "demo", "--redis", "redis://"+s.Addr(), "-instances", "2", "-duration", "3s", "-and", "25/2s")
 	checkDemo(t, code, stdout, stderr)
 }
 
@@ -227,6 +298,31 @@ func TestDemoCheckFails(t *testing.T) {
 		}
 		if !strings.Contains(out.String(), "FAILED: the shared limit did not hold in 1 of 1 windows") {
 			t.Errorf("no failure reported:\n%s", out.String())
+		}
+	})
+	t.Run("too many grants in a further rate's window", func(t *testing.T) {
+		settings := settings
+		settings.more = []redlimit.Config{redlimit.Per(25, 2*time.Second)}
+		a, b := newInstance("instance-1"), newInstance("instance-2")
+		// 20 in the first second, 10 in the next, after the change: each
+		// within its second's limit, 30 in one 2s window (second is even).
+		for i := range 20 {
+			decide(&a, second.Add(time.Duration(i)*time.Millisecond), true, 20)
+		}
+		for i := range 10 {
+			decide(&b, second.Add(time.Second+time.Duration(i)*time.Millisecond), true, 10)
+		}
+		var out bytes.Buffer
+		if (demoResult{settings: settings, changedAt: changedAt, instances: []instanceResult{a, b}}).report(&out) {
+			t.Errorf("30 grants against 25 per 2s held:\n%s", out.String())
+		}
+		for _, want := range []string{
+			"Per 2s (the 25 per 2s rate's windows; the first and last are partial):\nfrom      at most  granted  held\n" + second.Format("15:04:05") + "  25       30       NO\n",
+			"FAILED: the shared limit did not hold in 1 of 3 windows.",
+		} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("output lacks %q:\n%s", want, out.String())
+			}
 		}
 	})
 	t.Run("old rate after the change", func(t *testing.T) {

@@ -5,6 +5,7 @@ package ratelimitfields
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit"
@@ -24,8 +25,12 @@ func Name(policy string) (string, bool) {
 
 // Fields are one decision's items, for the policy quoted as name.
 type Fields struct {
-	Policy string // RateLimit-Policy's item: name;q=Limit;w=Window
-	Limit  string // RateLimit's item: name;r=Remaining;t=Seconds(Effective)
+	// Policy is RateLimit-Policy's item, name;q=Limit;w=Window, or with
+	// several rates its list: one item per Quota, each named by names.
+	Policy string
+	// Limit is RateLimit's item, name;r=Remaining;t=Seconds(Effective):
+	// with several rates, the bound one's (Result.Bound).
+	Limit string
 	// Effective is the effective window t: until the limiter is full again
 	// (ResetAfter), or on a denial the wait (RetryAfter), as the draft wants.
 	Effective time.Duration
@@ -36,16 +41,71 @@ func For(name string, r redlimit.Result) Fields {
 	effective := r.ResetAfter
 	if !r.Allowed && r.RetryAfter >= 0 {
 		effective = r.RetryAfter
+	} else if len(r.Quotas) > 1 {
+		// ResetAfter is the slowest rate's, an hour for 10 per second and
+		// 1000 per hour: t=3600 beside the per-second policy would have a
+		// client spread its 9 permits over an hour. The bound rate is full
+		// again within its own Window.
+		effective = min(effective, r.Window)
 	}
-	policy := name + ";q=" + strconv.FormatInt(r.Limit, 10)
-	if r.Window > 0 {
-		policy += ";w=" + strconv.FormatInt(Seconds(r.Window), 10)
+	policy := item(name, r.Limit, r.Window)
+	if len(r.Quotas) > 1 {
+		quotaNames := names(name, r.Quotas)
+		items := make([]string, len(quotaNames))
+		for i, q := range r.Quotas {
+			items[i] = item(quotaNames[i], q.Limit, q.Window)
+		}
+		policy, name = strings.Join(items, ", "), quotaNames[r.Bound]
 	}
 	return Fields{
 		Policy:    policy,
 		Limit:     name + ";r=" + strconv.FormatInt(r.Remaining, 10) + ";t=" + strconv.FormatInt(Seconds(effective), 10),
 		Effective: effective,
 	}
+}
+
+func item(name string, limit int64, window time.Duration) string {
+	s := name + ";q=" + strconv.FormatInt(limit, 10)
+	if window > 0 {
+		s += ";w=" + strconv.FormatInt(Seconds(window), 10)
+	}
+	return s
+}
+
+// names names each of several quotas after the policy quoted as name and
+// its window, so that a client tells them apart and reads which is which:
+// "default" with 10 per second and 1000 per hour gives "default/1s" and
+// "default/1h". Windows can repeat only among a funnel's rates (the time
+// each Burst takes to drain); a rate whose window an earlier one has gets
+// its position too: "f/2s", "f/2s#2".
+func names(name string, quotas []redlimit.Quota) []string {
+	names := make([]string, len(quotas))
+	seen := make(map[string]bool, len(quotas))
+	for i, q := range quotas {
+		l := span(q.Window)
+		if seen[l] {
+			l += "#" + strconv.Itoa(i+1)
+		}
+		seen[l] = true
+		// What is added needs no escaping, so it goes inside the quotes
+		// as it is: the result is the quoted name of policy+"/"+l.
+		names[i] = name[:len(name)-1] + "/" + l + `"`
+	}
+	return names
+}
+
+// span writes a window in its largest whole unit: 1s, 90s, 1m, 1h, 1d, and
+// 1500ms for a funnel's window that is not whole seconds.
+func span(w time.Duration) string {
+	for _, u := range [...]struct {
+		d    time.Duration
+		unit string
+	}{{24 * time.Hour, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}} {
+		if w >= u.d && w%u.d == 0 {
+			return strconv.FormatInt(int64(w/u.d), 10) + u.unit
+		}
+	}
+	return strconv.FormatInt(w.Milliseconds(), 10) + "ms"
 }
 
 // Seconds rounds up to whole seconds, the only unit the fields allow.

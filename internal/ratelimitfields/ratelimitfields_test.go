@@ -22,6 +22,48 @@ func TestFor(t *testing.T) {
 	assert.Equal(t, Fields{`"f";q=4`, `"f";r=0;t=1`, time.Second}, For(`"f"`, never), "no Window, no w")
 }
 
+// TestForSeveralRates: RateLimit-Policy lists every rate, each named after
+// its window, and RateLimit reports the bound one.
+func TestForSeveralRates(t *testing.T) {
+	perSecondAndHour := []redlimit.Quota{{Limit: 10, Window: time.Second}, {Limit: 1000, Window: time.Hour}}
+	const policy = `"api/1s";q=10;w=1, "api/1h";q=1000;w=3600`
+
+	// Allowed, the per-second rate has the fewest left. ResetAfter is the
+	// hour's; t is the bound rate's, which is full within its window.
+	granted := redlimit.Result{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: time.Hour, Window: time.Second, Quotas: perSecondAndHour}
+	assert.Equal(t, Fields{policy, `"api/1s";r=9;t=1`, time.Second}, For(`"api"`, granted))
+
+	// Allowed, the hour has fewer left: it binds, and its reset stands.
+	hourly := redlimit.Result{Allowed: true, Limit: 1000, Remaining: 4, ResetAfter: 1800500 * time.Millisecond, Window: time.Hour, Bound: 1, Quotas: perSecondAndHour}
+	assert.Equal(t, Fields{policy, `"api/1h";r=4;t=1801`, hourly.ResetAfter}, For(`"api"`, hourly))
+
+	// Denied: t is the longest wait, the bound rate's.
+	denied := redlimit.Result{Limit: 1000, RetryAfter: 20 * time.Minute, ResetAfter: 40 * time.Minute, Window: time.Hour, Bound: 1, Quotas: perSecondAndHour}
+	assert.Equal(t, Fields{policy, `"api/1h";r=0;t=1200`, denied.RetryAfter}, For(`"api"`, denied))
+
+	// Above the per-second limit: no wait helps; t is that rate's reset.
+	never := redlimit.Result{Limit: 10, Remaining: 3, RetryAfter: redlimit.Never, ResetAfter: 50 * time.Minute, Window: time.Second, Quotas: perSecondAndHour}
+	assert.Equal(t, Fields{policy, `"api/1s";r=3;t=1`, time.Second}, For(`"api"`, never))
+}
+
+func TestNames(t *testing.T) {
+	quotas := func(windows ...time.Duration) []redlimit.Quota {
+		q := make([]redlimit.Quota, len(windows))
+		for i, w := range windows {
+			q[i] = redlimit.Quota{Limit: int64(i + 1), Window: w}
+		}
+		return q
+	}
+	assert.Equal(t, []string{`"a/1s"`, `"a/90s"`, `"a/1m"`, `"a/1h"`}, names(`"a"`, quotas(time.Second, 90*time.Second, time.Minute, time.Hour)))
+	assert.Equal(t, []string{`"a/1d"`, `"a/36h"`, `"a/1500ms"`, `"a/0ms"`}, names(`"a"`, quotas(24*time.Hour, 36*time.Hour, 1500*time.Millisecond, 0)))
+	// A funnel's windows can repeat: each after the first has its position.
+	assert.Equal(t, []string{`"f/2s"`, `"f/1m"`, `"f/2s#3"`, `"f/2s#4"`}, names(`"f"`, quotas(2*time.Second, time.Minute, 2*time.Second, 2*time.Second)))
+	// Inside a quoted name's quotes: the quoted name of the whole.
+	quoted, _ := Name(`per "ip"`)
+	want, _ := Name(`per "ip"/1s`)
+	assert.Equal(t, []string{want, `"per \"ip\"/1m"`}, names(quoted, quotas(time.Second, time.Minute)))
+}
+
 func TestName(t *testing.T) {
 	name, ok := Name(`per "user"`)
 	assert.True(t, ok)
