@@ -98,6 +98,7 @@ type decision struct {
 	Before  int64 `json:"b"` // Redis TIME just before the script, µs
 	After   int64 `json:"f"` // Redis TIME just after it
 	Reset   int64 `json:"r"` // Result.ResetAfter, µs
+	Bound   int   `json:"n"` // Result.Bound: which of several rates bound it
 }
 
 // stamp receives the TIME bracket of the EVALSHA run under its context.
@@ -215,7 +216,7 @@ func runChild(spec childSpec) (*childReport, error) {
 			tl.errs = append(tl.errs, err)
 			return false
 		}
-		tl.decisions = append(tl.decisions, decision{i, r.Allowed, s.before, s.after, r.ResetAfter.Microseconds()})
+		tl.decisions = append(tl.decisions, decision{i, r.Allowed, s.before, s.after, r.ResetAfter.Microseconds(), r.Bound})
 		return false
 	})()
 	tail := time.Since(time.UnixMicro(spec.Stop))
@@ -265,26 +266,31 @@ func (r *childReport) of(i int) []decision {
 	return out
 }
 
+// concBackends are the servers the children hammer: the test binary's real
+// redis-server, and its Cluster with one limiter on each primary. setup
+// returns their addresses, a client, and the hash tags that place
+// concLimiters limiters.
+var concBackends = []struct {
+	name  string
+	setup func(t *testing.T) (addrs []string, rdb redis.Scripter, tags []string)
+}{
+	{"redis", func(t *testing.T) ([]string, redis.Scripter, []string) {
+		s := redistest.Shared(t)
+		return []string{s.Addr()}, s.Client(t), []string{"", "", ""}
+	}},
+	{"cluster", func(t *testing.T) ([]string, redis.Scripter, []string) {
+		c := redistest.SharedCluster(t)
+		// One limiter on each primary: slots 0, 8000 and 16000 belong to
+		// the three primaries redis-cli --cluster create makes.
+		return c.Addrs(), c.Client(t), []string{redistest.HashTagForSlot(0), redistest.HashTagForSlot(8000), redistest.HashTagForSlot(16000)}
+	}},
+}
+
 func TestExactnessUnderConcurrency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes for ~40s")
 	}
-	backends := []struct {
-		name  string
-		setup func(t *testing.T) (addrs []string, rdb redis.Scripter, tags []string)
-	}{
-		{"redis", func(t *testing.T) ([]string, redis.Scripter, []string) {
-			s := redistest.Shared(t)
-			return []string{s.Addr()}, s.Client(t), []string{"", "", ""}
-		}},
-		{"cluster", func(t *testing.T) ([]string, redis.Scripter, []string) {
-			c := redistest.SharedCluster(t)
-			// One limiter on each primary: slots 0, 8000 and 16000 belong to
-			// the three primaries redis-cli --cluster create makes.
-			return c.Addrs(), c.Client(t), []string{redistest.HashTagForSlot(0), redistest.HashTagForSlot(8000), redistest.HashTagForSlot(16000)}
-		}},
-	}
-	for _, b := range backends {
+	for _, b := range concBackends {
 		t.Run(b.name, func(t *testing.T) {
 			addrs, rdb, tags := b.setup(t)
 			for _, a := range algorithms {
@@ -548,6 +554,105 @@ func checkExactness(t *testing.T, a algo, cfg Config, spec childSpec, decisions 
 	assert.Empty(t, breaches(a, cfg, grants), "over-admission: the guarantee broken")
 	assert.Empty(t, unjustified(a, cfg, grants, denials), "under-admission: a denial while the window had room")
 	return len(grants), len(denials)
+}
+
+// multiConcConfig is a limiter of two rates for TestMultiRateExactUnderConcurrency:
+// 30 permits per 100ms (the funnel: a burst of 15; the sliding window: 10
+// buckets of 10ms), which denies many of the children's calls, and 300 in
+// ten years (the funnel: a burst of 250), which no run lasts and no window
+// edge ends before 2029. The second binds over the run: bound is what it
+// grants, far less than the first would (450 in 1.5s and more).
+func multiConcConfig(a algo) (cfg Config, bound int64) {
+	cfg = a.tune(Per(30, 100*time.Millisecond), 15, 10).And(a.tune(Per(300, maxInterval), 250, 10))
+	return cfg, quotaOf(ratesOf(cfg)[1]).Limit
+}
+
+const multiConcDuration = 1500 * time.Millisecond
+
+// Several rates, decided under the same load as TestExactnessUnderConcurrency
+// (concProcesses × concGoroutines): the grants over the run are exactly the
+// tightest bound, the further rate's; every denial is justified by the rate
+// it names as Bound (the first: its window was full; the further one: all
+// of its permits may have been granted before it); the first rate's
+// guarantee holds throughout; and a peek afterwards finds exactly what is
+// left. A run proves exactness only if demand took all the permits and
+// outran the first rate at times: it is made again, at most twice, if not.
+func TestMultiRateExactUnderConcurrency(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes for ~25s")
+	}
+	ctx := context.Background()
+	for _, b := range concBackends {
+		t.Run(b.name, func(t *testing.T) {
+			addrs, rdb, tags := b.setup(t)
+			for _, a := range algorithms {
+				t.Run(a.name, func(t *testing.T) {
+					cfg, bound := multiConcConfig(a)
+					first := ratesOf(cfg)[0]
+					for attempt := 1; ; attempt++ {
+						names := make([]string, concLimiters)
+						for i := range names {
+							names[i] = fmt.Sprintf("%s%s-%d", tags[i], uniqueName(t), i)
+							require.NoError(t, a.new(New(rdb), names[i]).SetRate(ctx, cfg))
+						}
+						start := time.Now().Add(time.Second) // the children's start-up, before it
+						spec := childSpec{
+							Algorithm: a.name, Addrs: addrs, Cluster: b.name == "cluster", Names: names,
+							Goroutines: concGoroutines, Start: start.UnixMicro(), Stop: start.Add(multiConcDuration).UnixMicro(),
+						}
+						began := time.Now()
+						report := runChildren(t, spec)
+						require.Zero(t, report.Errors, "errors in the children: %v", report.First)
+						t.Logf("run %d: %v; slowest call %v", attempt, time.Since(began).Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
+						time.Sleep(200 * time.Millisecond) // the first rate is full again
+						proved := true
+						for i, name := range names {
+							var grants, byFirst, byFurther []placed
+							for _, d := range report.of(i) {
+								p := placed{d.Before, d.After}
+								switch {
+								case d.Allowed:
+									grants = append(grants, p)
+								case d.Bound == 0:
+									byFirst = append(byFirst, p)
+								default:
+									byFurther = append(byFurther, p)
+								}
+							}
+							slices.SortFunc(grants, func(a, b placed) int { return cmp.Compare(a.lo, b.lo) })
+							granted := int64(len(grants))
+							t.Logf("limiter %d: %d grants of %d; %d denials by the first rate, %d by the further one", i, granted, bound, len(byFirst), len(byFurther))
+							assert.LessOrEqual(t, granted, bound, "over-admission: more than the further rate's %d", bound)
+							assert.Empty(t, breaches(a, first, grants), "over-admission: the first rate's guarantee broken")
+							assert.Empty(t, unjustified(a, first, grants, byFirst), "a denial the first rate named while its window had room")
+							for _, d := range byFurther {
+								before := int64(sort.Search(len(grants), func(i int) bool { return grants[i].lo > d.hi }))
+								if !assert.GreaterOrEqual(t, before, bound, "a denial the further rate named, at %d, before its permits were all granted", d.lo) {
+									break
+								}
+							}
+							r, err := a.new(New(rdb), name).Allow(ctx, 0)
+							require.NoError(t, err)
+							left, firstLimit := bound-granted, quotaOf(first).Limit
+							wantBound := 0
+							if left < firstLimit {
+								wantBound = 1
+							}
+							assert.Equal(t, [2]any{min(left, firstLimit), wantBound}, [2]any{r.Remaining, r.Bound}, "the state holds the grants, no more, no fewer")
+							proved = proved && granted == bound && len(byFirst) > 0
+						}
+						if proved {
+							break
+						}
+						if attempt == 3 {
+							t.Errorf("demand did not take every permit, or never outran the first rate, in %d runs", attempt)
+							break
+						}
+					}
+				})
+			}
+		})
+	}
 }
 
 // The checks above can fail: fed decisions that break each guarantee by one,
