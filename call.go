@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,13 +178,13 @@ func missingClients(reply any) ([]string, bool) {
 
 // parseResult reads decide's reply (scripts/common.lua): integers in one
 // string, so that the client reads one value, not many. Six for a config of
-// one rate; with several, the bound rate's index, then each rate's limit
-// and window.
+// one rate; with several, then the bound rate's index and each rate's rate,
+// interval, burst and buckets, from which quotas works out Result.Quotas.
 func parseResult(reply any) (Result, error) {
 	s, ok := reply.(string)
-	var n [6 + 1 + 2*maxRates]int64
+	var n [7 + 4*maxRates]int64
 	fields := 1 + strings.Count(s, " ")
-	if !ok || fields != 6 && (fields < 9 || fields > len(n) || fields%2 == 0) || !spaced(s, n[:fields]) {
+	if !ok || fields != 6 && (fields < 7+4*2 || fields > len(n) || (fields-7)%4 != 0) || !spaced(s, n[:fields]) {
 		return Result{}, unexpected(reply)
 	}
 	r := Result{
@@ -196,15 +197,32 @@ func parseResult(reply any) (Result, error) {
 	}
 	if fields > 6 {
 		r.Bound = int(n[6])
-		r.Quotas = make([]Quota, 0, (fields-7)/2)
-		for i := 7; i < fields; i += 2 {
-			r.Quotas = append(r.Quotas, Quota{Limit: n[i], Window: time.Duration(n[i+1]) * time.Millisecond})
+		r.Quotas = make([]Quota, 0, (fields-7)/4)
+		for i := 7; i < fields; i += 4 {
+			rate, interval, burst := n[i], n[i+1], n[i+2]
+			if rate < 1 || interval < 1 || burst < 0 {
+				return Result{}, unexpected(reply)
+			}
+			r.Quotas = append(r.Quotas, quota(rate, interval, burst))
 		}
 		if r.Bound < 0 || r.Bound >= len(r.Quotas) {
 			return Result{}, unexpected(reply)
 		}
 	}
 	return r, nil
+}
+
+// quota is a rate's Limit and Window as the scripts report them: the most
+// one request may take (a funnel's burst; the rate when it has none, the
+// other algorithms always) and the span it applies to, computed in doubles
+// as scripts/common.lua does.
+func quota(rate, intervalMS, burst int64) Quota {
+	limit := rate
+	if burst > 0 {
+		limit = burst
+	}
+	window := math.Ceil(float64(limit) * float64(intervalMS) / float64(rate))
+	return Quota{Limit: limit, Window: time.Duration(window) * time.Millisecond}
 }
 
 // spaced parses s as exactly len(n) integers separated by single spaces.

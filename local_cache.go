@@ -71,7 +71,7 @@ func (d *denials) lookup(key string, permits int64, now time.Time) (Result, bool
 	if !ok {
 		return Result{}, false
 	}
-	e := v.(denial)
+	e := v.(*denial)
 	if !now.Before(e.until) {
 		ways.(*sync.Map).CompareAndDelete(decision, v)
 		return Result{}, false
@@ -95,7 +95,7 @@ func (d *denials) store(key string, permits int64, r Result, now time.Time) {
 	if !ok {
 		ways, _ = d.m.LoadOrStore(limiter, &sync.Map{})
 	}
-	ways.(*sync.Map).Store(decision, denial{until: now.Add(r.RetryAfter), permits: permits, result: r, at: now})
+	ways.(*sync.Map).Store(decision, &denial{until: now.Add(r.RetryAfter), permits: permits, result: r, at: now})
 	if d.stored.Add(1)%sweepEvery == 0 {
 		d.sweep(now)
 	}
@@ -107,7 +107,7 @@ func (d *denials) sweep(now time.Time) {
 	d.m.Range(func(limiter, ways any) bool {
 		empty := true
 		ways.(*sync.Map).Range(func(decision, v any) bool {
-			if !now.Before(v.(denial).until) {
+			if !now.Before(v.(*denial).until) {
 				ways.(*sync.Map).CompareAndDelete(decision, v)
 			} else {
 				empty = false

@@ -151,6 +151,9 @@ func (sc *scenario) find(name string) *contender {
 	return nil
 }
 
+// The suffixes of the contenders with several rates.
+const twoRates, threeRates = ", two rates", ", three rates"
+
 const (
 	// bigRate is the limit of the throughput scenarios: far above what the
 	// machine can decide, so every contender grants every request and does
@@ -176,9 +179,13 @@ func makeScenarios(e *env, o options) []*scenario {
 			// config (SetRate) costs the script a little more than a
 			// default; one scenario is enough to show how much. With one
 			// caller, the key count hardly changes the cost.
+			// Each further rate (Config.And) has a cost of its own: two
+			// and three rates show it.
 			out = append(out, &scenario{name: "1 caller, 1000 keys", callers: 1, keys: 1000, parts: 4,
 				contenders: slices.Concat([]*contender{ceiling("trivial EVALSHA", e.rdb), shaped(e.rdb), peer(e.rdb, bigRate)},
-					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", stored config", e.rdb, big, e.ap))})
+					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", stored config", e.rdb, big, e.ap),
+					everyAlgorithm(twoRates, e.rdb, big.And(redlimit.PerMinute(30*bigRate)), nil),
+					everyAlgorithm(threeRates, e.rdb, big.And(redlimit.PerMinute(30*bigRate), redlimit.PerHour(1000*bigRate)), nil))})
 			continue
 		}
 		for _, keys := range []int{o.keys, 1} {

@@ -141,7 +141,7 @@ func (rep *report) markdown() string {
 	w("Redis µs: `usec_per_call` of `cmdstat_evalsha` (INFO commandstats, reset before each slice):\n")
 	w("the script's time on the server alone; p50/p99: latency of one decision seen by the caller;\n")
 	w("allocs: Go heap allocations per decision, whole process (runtime.MemStats.Mallocs).\n\n")
-	var stored []string
+	var stored, several []string
 	for _, sc := range rep.scenarios {
 		w("### %s\n\n", sc.name)
 		if sc.flood {
@@ -182,6 +182,11 @@ func (rep *report) markdown() string {
 				def := sc.find(base)
 				stored = append(stored, fmt.Sprintf("| %s | %s | %.2f | %+.2f |\n", sc.name, base, pairedRatio(c, def, rate), c.med(usec)-def.med(usec)))
 			}
+			if base, ok := strings.CutSuffix(c.name, threeRates); ok {
+				one, two := sc.find(base), sc.find(base+twoRates)
+				r2, r3 := pairedRatio(two, one, usec), pairedRatio(c, one, usec)
+				several = append(several, fmt.Sprintf("| %s | %s | %.2f | %.2f | %+.0f%% |\n", sc.name, base, r2, r3, 100*max(r2-1, (r3-1)/2)))
+			}
 		}
 		w("\n")
 	}
@@ -189,6 +194,13 @@ func (rep *report) markdown() string {
 		w("### Stored config (SetRate) against WithDefault\n\n")
 		w("The script reads the limiter's hash either way (a stored config wins over a default).\n\n")
 		w("| scenario | limiter | decisions/s, stored ÷ default | Redis µs, stored − default |\n|---|---|--:|--:|\n%s\n", strings.Join(stored, ""))
+	}
+	if len(several) > 0 {
+		w("### Several rates (Config.And) against one\n\n")
+		w("The same limiter with a second rate per minute and a third per hour, both far above what is\n")
+		w("decided: Redis µs over the one-rate limiter's, paired within a round; per extra rate: the larger\n")
+		w("of two rates' excess and half of three rates'.\n\n")
+		w("| scenario | limiter | two rates ÷ one | three rates ÷ one | per extra rate |\n|---|---|--:|--:|--:|\n%s\n", strings.Join(several, ""))
 	}
 	for _, s := range rep.sections {
 		if s.title != "" {

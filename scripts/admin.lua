@@ -26,14 +26,80 @@ local function stored_config(f)
   if (f[7] or 'tokenbucket') ~= ALGORITHM then
     fail('algorithm ' .. key .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
   end
+  if f[8] and f[8] ~= '' then
+    local _, numbers = string.gsub(f[8], '%d+', '')
+    local sound = numbers % 4 == 0 and numbers <= (MAX_RATES - 1) * 4 and not string.find(f[8], '[^%d ]')
+    for r, i, _, bk in string.gmatch(f[8], '(%d+) (%d+) (%d+) (%d+)') do
+      r, i, bk = r + 0, i + 0, bk + 0
+      sound = sound and r >= 1 and r <= i * 1000 and i <= MAX and bk <= 1000 and (bk == 0 and 10 or bk) <= i
+    end
+    if not sound then
+      fail('corrupt ' .. key .. ': field more = ' .. string.format('%q', f[8]))
+    end
+    cfg.more = f[8]
+  end
   return cfg
+end
+
+-- intervals lists a config's intervals, its own rate's first.
+local function intervals(cfg)
+  local list = { cfg.interval }
+  for _, i in string.gmatch(cfg.more or '', '(%d+) (%d+) %d+ %d+') do
+    list[#list + 1] = i + 0
+  end
+  return list
+end
+
+-- RATE_FIELDS lists the state's hash fields for every rate a config may
+-- have: FIELDS, then each suffixed 2, 3 … (IN_CONFIG).
+local RATE_FIELDS = {}
+for k = 1, MAX_RATES do
+  for _, field in ipairs(FIELDS) do
+    RATE_FIELDS[#RATE_FIELDS + 1] = field .. (k == 1 and '' or k)
+  end
+end
+
+-- keep_usage moves the usage in hash key to the new config's rates: each
+-- keeps the state of the old rate of the same interval, and the others start
+-- afresh; a config of one rate changed to another of one keeps its state,
+-- as it always has. New fields go in first, so that the hash never empties
+-- and keeps its expiry.
+local function keep_usage(key, old, new)
+  local from, to = intervals(old), intervals(new)
+  local values = redis.call('HMGET', key, unpack(RATE_FIELDS))
+  local moved, kept = {}, {}
+  for q, interval_q in ipairs(to) do
+    for p, interval_p in ipairs(from) do
+      if interval_p == interval_q or #from == 1 and #to == 1 then
+        for j = 1, #FIELDS do
+          local value = values[(p - 1) * #FIELDS + j]
+          if value then
+            local field = RATE_FIELDS[(q - 1) * #FIELDS + j]
+            moved[#moved + 1], moved[#moved + 2], kept[field] = field, value, true
+          end
+        end
+      end
+    end
+  end
+  if #moved > 0 then
+    redis.call('HSET', key, unpack(moved))
+  end
+  local gone = {}
+  for i, field in ipairs(RATE_FIELDS) do
+    if values[i] and not kept[field] then
+      gone[#gone + 1] = field
+    end
+  end
+  if #gone > 0 then
+    redis.call('HDEL', key, unpack(gone))
+  end
 end
 
 -- read_config reads the limiter's config: the stored one (nil when there is
 -- none) and the fields as HMGET read them.
 local function read_config()
   local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm')
+    'algorithm', 'more')
   if not f[1] and not f[2] and not f[7] then
     return nil, f
   end
@@ -46,14 +112,14 @@ end
 -- replace it. It sets the skeleton's locals (rate, interval, …) that the
 -- algorithm's helpers read.
 local function config()
-  local given = { string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$') }
+  local given = { string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
   local source, cfg = given[1], nil
   local old = read_config()
   if old and source ~= 'fixed' and source ~= 'new' then
     cfg = old
   elseif source then
     cfg = { rate = given[2] + 0, interval = given[3] + 0, type = given[4] + 0, burst = given[5] + 0,
-      buckets = given[6] + 0, keepalive = given[7] + 0 }
+      buckets = given[6] + 0, keepalive = given[7] + 0, more = given[8] ~= '' and given[8] or nil }
   else
     fail('not initialized ' .. KEYS[1])
   end
@@ -124,7 +190,7 @@ end
 -- delete_state forgets all usage: every client's, and the request log.
 local function delete_state()
   if IN_CONFIG then
-    redis.call('HDEL', KEYS[1], unpack(FIELDS))
+    redis.call('HDEL', KEYS[1], unpack(RATE_FIELDS))
   end
   redis.call('DEL', KEYS[2], KEYS[3], unpack(separate_state_keys()))
 end
@@ -135,8 +201,8 @@ local function write_config(cfg)
   if ALGORITHM ~= 'tokenbucket' then
     redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
   end
-  for _, field in ipairs({ 'burst', 'buckets' }) do
-    if cfg[field] == 0 then
+  for _, field in ipairs({ 'burst', 'buckets', 'more' }) do
+    if cfg[field] == 0 or cfg[field] == nil then
       redis.call('HDEL', KEYS[1], field)
     else
       redis.call('HSET', KEYS[1], field, cfg[field])
@@ -167,7 +233,7 @@ end
 if op == 'get' then
   local cfg = read_config()
   if not cfg then return {} end
-  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive }
+  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive, cfg.more or '' }
 end
 if op == 'ttl' then
   local ttl = redis.call('PTTL', KEYS[1])
@@ -225,11 +291,16 @@ if op == 'set' or op == 'tryset' then
   stored = true
   if old and old.type ~= new.type then
     delete_state() -- usage under one type means nothing under the other
-  elseif new.type == 1 and IN_CONFIG then
-    redis.call('HDEL', KEYS[1], unpack(FIELDS)) -- Overall usage left by a default
-  elseif settle then
+  else
+    if new.type == 1 and IN_CONFIG then
+      redis.call('HDEL', KEYS[1], unpack(RATE_FIELDS)) -- Overall usage left by a default
+    end
     for group = 0, groups() - 1 do
-      settle(state_keys(group))
+      if settle then
+        settle(state_keys(group))
+      elseif old and IN_CONFIG and (group == 0) == (new.type == 0) then
+        keep_usage(state_keys(group)[1], old, new)
+      end
     end
   end
   return 1

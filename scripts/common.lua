@@ -26,9 +26,11 @@
 -- ARGV[3]  permits (allow, release) or milliseconds (expire)
 -- ARGV[4]  client id
 -- ARGV[5]  the handle's config: '' (the stored one only) or 'SOURCE rate
---          interval-ms type burst buckets keep-alive-ms', which Go has
+--          interval-ms type burst buckets keep-alive-ms [MORE]', which Go has
 --          checked; SOURCE is default (while none is stored), fixed (whatever
---          is stored: Throttle) or new (SetRate)
+--          is stored: Throttle) or new (SetRate); MORE, the config's further
+--          rates as the hash's field more keeps them: 'rate interval-ms burst
+--          buckets' each, space-separated
 -- ARGV[6]  request id: the token bucket's record, the request log's entry
 -- ARGV[7]  how long the request log keeps an id, ms; '' for no log
 --          (a decision that needs neither is sent without ARGV[6 .. 7])
@@ -37,10 +39,16 @@
 -- An algorithm's sections share these locals with the skeleton:
 --   rate, interval (ms), kind (0 Overall, 1 PerClient), burst, buckets,
 --   keepalive (ms), stored (a config is stored in KEYS[1]); where: the hash
---   holding the state, s1 and s2: its stored fields (IN_CONFIG); permits.
+--   holding the state, s1 and s2: its stored fields (IN_CONFIG); permits;
+--   K: the suffix of the rate's state fields ('' for the config's own rate,
+--   '2', '3' … for its further ones); longest: the longest interval of the
+--   further rates.
+-- With several rates, the steps below run once per rate: straight for the
+-- config's own, and for each further rate inside a closure of its own
+-- (other_rate), with that rate's rate, interval, burst, buckets and K.
 -- The sections:
 --   helpers   functions the others use, created before the decision
---   fields    , 'name' … the state's hash fields (IN_CONFIG)
+--   fields    , 'name' .. K … the state's hash fields (IN_CONFIG)
 --   capacity  the most one request may take: rate or burst
 --   load      reads the state as of now into locals of its own
 --   wait      sets wait: 0 or less when permits fit now, else µs until they do
@@ -52,6 +60,9 @@
 --   admin     admin.lua's: TYPES (each state key's Redis type), FIELDS
 --             (the state's hash fields) and settle(keys), which brings the
 --             state in line after a rate change, or nil
+--   more_load, more_wait, more_commit, more_report, more_release: a further
+--             rate's steps when they differ from the first rate's (the token
+--             bucket's: Redisson's layout holds its first rate only)
 --
 -- Every number written or returned is an integer: Lua numbers are doubles and
 -- Redis truncates returned floats. A number given to redis.call is written
@@ -73,6 +84,9 @@ end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
 local op, LOG = ARGV[1], ARGV[7] ~= nil and ARGV[7] ~= ''
 local rate, interval, kind, burst, buckets, keepalive, stored
+-- several: the config has further rates, whose state may share the hash of
+-- the first rate's; the decision then sets the hash's expiry once, for all.
+local K, several = '', false
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
@@ -121,7 +135,7 @@ end
 -- or the keep-alive the decision refreshes).
 local function save(key, ttl_us, ...)
   redis.call('HSET', key, ...)
-  if ttl_us and (key ~= KEYS[1] or not stored) then
+  if ttl_us and not several and (key ~= KEYS[1] or not stored) then
     redis.call('PEXPIRE', key, expiry(ttl_us, key))
   end
 end
@@ -147,10 +161,10 @@ end
 -- or fails a check here goes on to admin.lua, which says what is wrong.
 if op == 'allow' or op == 'release' then
   local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm'--[[@fields]])
+    'algorithm', 'more'--[[@fields]])
   if f.err then fail('corrupt ' .. KEYS[1] .. ': ' .. f.err) end
   stored = f[1] or f[2] or f[7]
-  local ok = not stored and ARGV[5] ~= ''
+  local ok, more = not stored and ARGV[5] ~= '', nil
   if stored then
     -- The same checks as admin.lua's stored_config, which names the culprit.
     rate, interval, kind = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0)
@@ -161,17 +175,39 @@ if op == 'allow' or op == 'release' then
         and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= 1000 and keepalive >= 0 and keepalive <= MAX
         and (buckets == 0 and 10 or buckets) <= interval and rate <= interval * 1000
         and (f[7] or 'tokenbucket') == ALGORITHM
+    more = f[8]
   end
   -- The handle's config: a default while none is stored, a fixed one
   -- (Throttle's) even over a stored one, which must still be sound.
   if ok and ARGV[5] ~= '' and (not stored or string.sub(ARGV[5], 1, 6) == 'fixed ') then
-    local _, r, i, t, b, bk, ka = string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-    rate, interval, kind, burst, buckets, keepalive = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0
+    local _, r, i, t, b, bk, ka, rest = string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+    rate, interval, kind, burst, buckets, keepalive, more = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0, rest
+  end
+  -- The further rates, flat: rate, interval, burst, buckets of each. Each
+  -- match starts where the last one ended, so the checks cover every byte.
+  local rates
+  if ok and more and more ~= '' then
+    rates, several = {}, true
+    local at = 1
+    ok = string.byte(more, -1) ~= 32 -- a space
+    while ok and at <= #more do
+      local _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', at)
+      if not last or #rates == (MAX_RATES - 1) * 4 then
+        ok = false
+      else
+        r, i, b, bk = r + 0, i + 0, b + 0, bk + 0
+        if b == 0 then b = r end
+        if bk == 0 then bk = 10 end
+        ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
+        rates[#rates + 1], rates[#rates + 2], rates[#rates + 3], rates[#rates + 4] = r, i, b, bk
+        at = last + 1
+      end
+    end
   end
   if ok then
     if burst == 0 then burst = rate end
     if buckets == 0 then buckets = 10 end
-    local where, s1, s2 = KEYS[1], f[8], f[9]
+    local where, s1, s2 = KEYS[1], f[9], f[10]
     if IN_CONFIG and kind == 1 then
       where = KEYS[4]
       local g = call(where, 'HMGET', where--[[@fields]])
@@ -179,32 +215,98 @@ if op == 'allow' or op == 'release' then
     end
     local permits = ARGV[3] + 0
     --[[@load]]
-    local reply, reset = 0, 0
+    -- The further rates: each one's capacity (limits) and steps, a function
+    -- of the step's name, 'wait', 'commit', 'report' or 'release'.
+    local limits, steps, longest
+    if rates then
+      longest = 0
+      for j = 2, #rates, 4 do
+        if rates[j] > longest then longest = rates[j] end
+      end
+      local function other_rate(K, rate, interval, burst, buckets)
+        local s1, s2
+        if IN_CONFIG then
+          local g = call(where, 'HMGET', where--[[@fields]])
+          s1, s2 = g[1], g[2]
+        end
+        --[[@more_load]]
+        local limit = --[[@capacity]]
+        return limit, function(step)
+          local wait, remaining, reset, back = 0, 0, 0, 0
+          if step == 'wait' then
+            --[[@more_wait]]
+            return wait
+          elseif step == 'commit' then
+            --[[@more_commit]]
+            return
+          elseif step == 'release' then
+            --[[@more_release]]
+            return back
+          end
+          --[[@more_report]]
+          if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+          return remaining, reset
+        end
+      end
+      limits, steps = {}, {}
+      local suffixes = { '2', '3', '4' } -- MAX_RATES
+      for j = 1, #rates, 4 do
+        local i = #steps + 1
+        limits[i], steps[i] = other_rate(suffixes[i], rates[j], rates[j + 1], rates[j + 2], rates[j + 3])
+      end
+    end
+    local reply, reset, wrote = 0, 0, false
     if op == 'allow' then
-      -- reply: 'allowed limit remaining retry reset window', six integers in
-      -- one string (one value for the client to read, not six): allowed 0 or
-      -- 1, retry after µs (-1: never), reset after µs, window ms: the span
+      -- reply: 'allowed limit remaining retry reset window', integers in one
+      -- string (one value for the client to read, not six): allowed 0 or 1,
+      -- retry after µs (-1: never), reset after µs, window ms: the span
       -- limit applies to, the interval or the time a funnel's burst takes to
-      -- drain. Zero permits is a peek: it writes nothing.
+      -- drain. With several rates, limit and window are those of the rate
+      -- that bound the answer, and follow: its index (0 for the config's
+      -- own) and every rate's 'rate interval-ms burst buckets', the first
+      -- with its defaults applied, the others as more holds them (the
+      -- client works out their limits and windows: formatting them here
+      -- would cost every call). Zero permits is a peek: it writes nothing.
       local limit = --[[@capacity]]
-      local allowed, retry, wait, remaining = 0, 0, 0, 0
+      local allowed, retry, wait, remaining, bound = 0, 0, 0, 0, 0
       if permits > limit then
         retry = -1
       else
         --[[@wait]]
+      end
+      if steps then
+        -- Every rate must allow: a denial is bound by the longest wait.
+        for i = 1, #steps do
+          if permits > limits[i] then
+            if retry ~= -1 then retry, bound = -1, i end
+          elseif retry ~= -1 then
+            local w = steps[i]('wait')
+            if w > wait then wait, bound = w, i end
+          end
+        end
+      end
+      if retry ~= -1 then
         if wait <= 0 then
           allowed = 1
           if permits > 0 and (RECORDS or not LOG or first_run()) then
             local counted = true
             --[[@commit]]
+            if counted then
+              wrote = true
+              if steps then
+                for i = 1, #steps do steps[i]('commit') end
+              end
+            end
             if counted and kind == 1 then
               -- The registry lets Delete, Reset and Expire reach every
               -- client's keys. It lives as long as any client's state can: one
               -- interval, or the time a funnel takes to drain when its burst
-              -- exceeds its rate.
+              -- exceeds its rate, the longest of any rate's.
               call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
-              local life = interval
-              if burst > rate then life = burst * interval / rate end
+              local life = math.max(interval, burst * interval / rate)
+              for j = 1, rates and #rates or 0, 4 do
+                life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
+              end
               redis.call('PEXPIRE', KEYS[2], expiry(life * 1000, KEYS[2]))
             end
           end
@@ -217,11 +319,48 @@ if op == 'allow' or op == 'release' then
       --[[@report]]
       if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
       local window = limit * interval / rate
-      reply = string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window + (-window) % 1)
+      window = window + (-window) % 1
+      if steps then
+
+        for i = 1, #steps do
+          local left, reset_i = steps[i]('report')
+          if left < remaining then
+            remaining = left
+            if allowed == 1 then bound = i end
+          end
+          if reset_i > reset then reset = reset_i end
+        end
+        local bound_limit, bound_window = limit, window
+        if bound > 0 then
+          local j = 4 * bound - 3
+          bound_limit = limits[bound]
+          bound_window = bound_limit * rates[j + 1] / rates[j]
+          bound_window = bound_window + (-bound_window) % 1
+        end
+        reply = string.format('%d %d %d %d %d %d %d %d %d %d %d ', allowed, bound_limit, remaining, retry, reset,
+          bound_window, bound, rate, interval, limit, buckets) .. more
+      else
+        reply = string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
+      end
     elseif not LOG or first_run() then
       local back = 0
       --[[@release]]
+      if steps then
+        -- Every rate gives back what it can; the state's expiry follows the
+        -- rate that is full again last.
+        local remaining = 0
+        --[[@report]]
+        for i = 1, #steps do
+          back = math.min(back, steps[i]('release'))
+          local _, reset_i = steps[i]('report')
+          if reset_i > reset then reset = reset_i end
+        end
+        wrote = true
+      end
       reply = back
+    end
+    if several and wrote and IN_CONFIG and (where ~= KEYS[1] or not stored) then
+      redis.call('PEXPIRE', where, expiry(math.max(reset, 1), where))
     end
     if stored and keepalive > 0 and permits > 0 then
       -- Every acquire keeps the config alive, granted or denied: a saturated

@@ -6,7 +6,7 @@
 --[[@helpers]]
 
 --[[@fields]]
-, 'window', 'count'
+, 'window' .. K, 'count' .. K
 --[[@capacity]]
 rate
 --[[@load]]
@@ -17,8 +17,8 @@ rate
 -- interval change.
 local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
 if s1 or s2 then
-  stored_start = integer(where, 'window', s1, 0, MAX)
-  local stored_count = integer(where, 'count', s2, 0, MAX)
+  stored_start = integer(where, 'window' .. K, s1, 0, MAX)
+  local stored_count = integer(where, 'count' .. K, s2, 0, MAX)
   if stored_start == nil or stored_count == nil then
     fail('corrupt ' .. where .. ': half a window')
   end
@@ -36,9 +36,9 @@ end
 -- window's first one sets the key's expiry too.
 count = count + permits
 if start == stored_start then
-  redis.call('HINCRBY', where, 'count', permits)
+  redis.call('HINCRBY', where, 'count' .. K, permits)
 else
-  save(where, ends - NOW_US, 'window', start, 'count', count)
+  save(where, ends - NOW_US, 'window' .. K, start, 'count' .. K, count)
 end
 --[[@resent]]
 false
@@ -51,11 +51,11 @@ end
 back = math.min(permits, count)
 count = count - back
 if count <= 0 then
-  redis.call('HDEL', where, 'window', 'count')
+  redis.call('HDEL', where, 'window' .. K, 'count' .. K)
 elseif start == stored_start then
-  redis.call('HINCRBY', where, 'count', -back)
+  redis.call('HINCRBY', where, 'count' .. K, -back)
 else
-  save(where, ends - NOW_US, 'window', start, 'count', count)
+  save(where, ends - NOW_US, 'window' .. K, start, 'count' .. K, count)
 end
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'window', 'count' }, nil

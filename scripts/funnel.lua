@@ -6,7 +6,7 @@
 --[[@helpers]]
 
 --[[@fields]]
-, 'tat'
+, 'tat' .. K
 --[[@capacity]]
 burst
 --[[@load]]
@@ -17,7 +17,7 @@ emission = emission - emission % 1
 local tolerance = emission * burst
 local tat = NOW_US
 if s1 then
-  tat = integer(where, 'tat', s1, 0, MAX)
+  tat = integer(where, 'tat' .. K, s1, 0, MAX)
   if tat < NOW_US then
     tat = NOW_US
   elseif tat > NOW_US + tolerance then
@@ -28,7 +28,7 @@ end
 wait = tat + emission * permits - tolerance - NOW_US
 --[[@commit]]
 tat = tat + emission * permits
-save(where, tat - NOW_US, 'tat', tat)
+save(where, tat - NOW_US, 'tat' .. K, tat)
 --[[@resent]]
 false
 --[[@report]]
@@ -41,9 +41,9 @@ end
 back = math.min(permits, math.floor((tat - NOW_US) / emission))
 tat = tat - back * emission
 if tat <= NOW_US then
-  redis.call('HDEL', where, 'tat')
+  redis.call('HDEL', where, 'tat' .. K)
 else
-  save(where, tat - NOW_US, 'tat', tat)
+  save(where, tat - NOW_US, 'tat' .. K, tat)
 end
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'tat' }, nil

@@ -10,6 +10,14 @@
 -- common.lua.
 
 --[[@helpers]]
+
+--[[@fields]]
+, 'counts' .. K
+--[[@capacity]]
+rate
+--[[@load]]
+-- The functions below are made per rate (this rate's interval, buckets and
+-- K), so they are part of its load, not helpers.
 -- start_of returns when sub-window index begins, in ms (index × interval /
 -- buckets, rounded up).
 local function start_of(index)
@@ -41,17 +49,11 @@ local function store(where, live, ttl_us)
     end
   end
   if counts then
-    save(where, ttl_us, 'counts', counts)
+    save(where, ttl_us, 'counts' .. K, counts)
   else
-    redis.call('HDEL', where, 'counts')
+    redis.call('HDEL', where, 'counts' .. K)
   end
 end
-
---[[@fields]]
-, 'counts'
---[[@capacity]]
-rate
---[[@load]]
 -- live: the sub-windows that still count, as index, count, start triples,
 -- oldest first; total: their sum; current: this sub-window's index. Time
 -- never goes back: a request whose clock is behind the newest sub-window
@@ -60,39 +62,39 @@ rate
 -- has been dropped as stale already.
 local current = NOW_MS * buckets / interval
 current = current - current % 1
-local stored, live, total = {}, {}, 0
+local entries, live, total = {}, {}, 0
 if s1 then
   -- Digits only, so + 0 below cannot fail; starts stay below 2^53 / 1000
   -- so that start × buckets is exact.
   if string.find(s1, '[^%d:,]') then
-    fail('corrupt ' .. where .. ': field counts = ' .. string.format('%q', s1))
+    fail('corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1))
   end
   local start = 0
   for since, count in string.gmatch(s1, '(%d+):(%d+)') do
     start = start + since
     if start > MAX / 1000 then
-      fail('corrupt ' .. where .. ': field counts = ' .. string.format('%q', s1))
+      fail('corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1))
     end
     local index = start * buckets / interval
     index = index - index % 1
-    stored[#stored + 1] = index
-    stored[#stored + 1] = count + 0
-    stored[#stored + 1] = start
+    entries[#entries + 1] = index
+    entries[#entries + 1] = count + 0
+    entries[#entries + 1] = start
     if index > current then current = index end
   end
 end
 -- Keep the live ones; after an interval change two may share an index.
-for i = 1, #stored, 3 do
-  if stored[i] > current - buckets then
-    if #live > 0 and live[#live - 2] == stored[i] then
-      live[#live - 1] = live[#live - 1] + stored[i + 1]
-      live[#live] = stored[i + 2]
+for i = 1, #entries, 3 do
+  if entries[i] > current - buckets then
+    if #live > 0 and live[#live - 2] == entries[i] then
+      live[#live - 1] = live[#live - 1] + entries[i + 1]
+      live[#live] = entries[i + 2]
     else
-      live[#live + 1] = stored[i]
-      live[#live + 1] = stored[i + 1]
-      live[#live + 1] = stored[i + 2]
+      live[#live + 1] = entries[i]
+      live[#live + 1] = entries[i + 1]
+      live[#live + 1] = entries[i + 2]
     end
-    total = total + stored[i + 1]
+    total = total + entries[i + 1]
   end
 end
 --[[@wait]]

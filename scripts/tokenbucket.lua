@@ -5,7 +5,8 @@
 -- score = grant time in ms and member = 0x10, the 16-byte request id, the
 -- count as uint32 LE. A record at score s is out of the window once
 -- s <= now − interval. The record also tells a re-sent request: its member
--- is in the log already. Sections: see common.lua; the state is a table s
+-- is in the log already; grants, the log of a config's further rates (see
+-- more_load). Sections: see common.lua; the state is a table s
 -- (value_key, log, cutoff, aged, value, changed, reset) the helpers share.
 
 --[[@helpers]]
@@ -54,6 +55,16 @@ local function store(s, reset)
   local ttl = expiry(reset, s.value_key)
   redis.call('SET', s.value_key, s.value, 'PX', ttl)
   redis.call('PEXPIRE', s.log, ttl)
+end
+
+-- running reads a record of the grants log (see more_load): the running
+-- total of permits after it, and its own permits.
+local function running(grants, member)
+  local total, permits = string.match(member, '^(%d+):(%d+)$')
+  if not total then
+    fail('corrupt ' .. grants .. ': member ' .. string.format('%q', member))
+  end
+  return total + 0, permits + 0
 end
 
 -- until_free walks the log from the oldest record until enough permits free
@@ -141,6 +152,80 @@ end
 s.value = s.value + permits - left
 store(s, reset_after(s))
 back = permits - left
+--[[@more_load]]
+-- A further rate cannot share Redisson's log: a Java client prunes it to the
+-- first rate's interval. It reads the grants log instead, a zset of every
+-- grant while the config has several rates: score the grant's time in ms,
+-- member the running total of permits after it and its own permits,
+-- '%016d:%d' (zero-padded, so that members of one ms sort by the total). A
+-- rate's usage is the newest total less the total before its oldest grant
+-- in the window: two lookups, however many grants the window holds.
+local grants, cutoff = KEYS[6 + kind * N], NOW_MS - interval
+local total, last, used = 0, 0, 0
+local newest = call(grants, 'ZRANGE', grants, -1, -1, 'WITHSCORES')
+if #newest > 0 then
+  total, last = running(grants, newest[1]), tonumber(newest[2])
+  local oldest = redis.call('ZRANGEBYSCORE', grants, '(' .. cutoff, '+inf', 'LIMIT', 0, 1)
+  if #oldest > 0 then
+    local after, n = running(grants, oldest[1])
+    used = total - (after - n)
+  end
+end
+--[[@more_wait]]
+-- Enough of the oldest grants in the window must leave it: records of one
+-- permit or more, so need records at most.
+local need = used + permits - rate
+if need > 0 then
+  wait = interval * 1000 -- not reached: permits <= rate, so the window holds enough to free
+  local base = total - used
+  local records = redis.call('ZRANGEBYSCORE', grants, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
+  for i = 1, #records, 2 do
+    if running(grants, records[i]) - base >= need then
+      wait = (tonumber(records[i + 1]) + interval) * 1000 - NOW_US
+      break
+    end
+  end
+end
+--[[@more_commit]]
+-- One record serves every further rate: the first of them writes it. Its
+-- time never goes back, so that the totals grow with the scores.
+used = used + permits
+if last < NOW_MS then last = NOW_MS end
+if K == '2' then
+  redis.call('ZADD', grants, last, string.format('%016d:%d', total + permits, permits))
+  redis.call('ZREMRANGEBYSCORE', grants, '-inf', NOW_MS - longest)
+  redis.call('PEXPIRE', grants, expiry((last + longest) * 1000 - NOW_US, grants))
+end
+--[[@more_report]]
+remaining = rate - used
+if used > 0 then
+  reset = (last + interval) * 1000 - NOW_US
+end
+--[[@more_release]]
+-- Permits come off the newest grants, as the first rate's do; the newest
+-- left then says when each rate is full again.
+back = math.min(permits, used)
+used = used - back
+if K == '2' then
+  local left = permits
+  while left > 0 do
+    local record = redis.call('ZRANGE', grants, -1, -1, 'WITHSCORES')
+    if #record == 0 then
+      break
+    end
+    local after, n = running(grants, record[1])
+    redis.call('ZREM', grants, record[1])
+    if n > left then
+      redis.call('ZADD', grants, record[2], string.format('%016d:%d', after - left, n - left))
+      n = left
+    end
+    left = left - n
+  end
+end
+newest = redis.call('ZRANGE', grants, -1, -1, 'WITHSCORES')
+if #newest > 0 then
+  last = tonumber(newest[2])
+end
 --[[@admin]]
 local TYPES, FIELDS = { 'string', 'zset', 'zset' }, {}
 
