@@ -101,6 +101,27 @@ func TestBadInputTable(t *testing.T) {
 				rdb.HSet(ctx, l.Name(), "algorithm", otherThan(a).name)
 			}, allow(1), ErrAlgorithmMismatch},
 		}
+		// Several rates that are not one limit (multirate_test.go).
+		for _, c := range contradictingRates {
+			cases = append(cases, struct {
+				what    string
+				corrupt breaker
+				call    func(*Limiter) error
+				want    error
+			}{c.what, nil, setRate(c.cfg), ErrInvalidConfig})
+		}
+		cases = append(cases, []struct {
+			what    string
+			corrupt breaker
+			call    func(*Limiter) error
+			want    error
+		}{
+			{"TrySetRate, a duplicate interval", nil, func(l *Limiter) error { _, err := l.TrySetRate(ctx, PerSecond(1).And(PerSecond(2))); return err }, ErrInvalidConfig},
+			{"a default of five rates", nil, func(l *Limiter) error {
+				_, err := l.WithDefault(PerSecond(1).And(PerMinute(2), PerHour(3), Per(4, 2*time.Hour), Per(5, 3*time.Hour))).Allow(ctx, 1)
+				return err
+			}, ErrInvalidConfig},
+		}...)
 		for _, c := range a.corruptions(rdb) {
 			cases = append(cases, struct {
 				what    string

@@ -83,6 +83,7 @@ func concConfig(a algo) Config { return a.tune(Per(10, 500*time.Millisecond), 5,
 // childSpec tells a child what to hammer, where and when.
 type childSpec struct {
 	Algorithm  string   `json:"algorithm"`
+	Algorithms []string `json:"algorithms,omitempty"` // each limiter's, in place of Algorithm
 	Addrs      []string `json:"addrs"`
 	Cluster    bool     `json:"cluster"`
 	Names      []string `json:"names"`
@@ -98,6 +99,7 @@ type decision struct {
 	Before  int64 `json:"b"` // Redis TIME just before the script, µs
 	After   int64 `json:"f"` // Redis TIME just after it
 	Reset   int64 `json:"r"` // Result.ResetAfter, µs
+	Bound   int   `json:"n"` // Result.Bound: which of several rates bound it
 }
 
 // stamp receives the TIME bracket of the EVALSHA run under its context.
@@ -159,9 +161,16 @@ func TestConcurrencyChild(t *testing.T) {
 
 func runChild(spec childSpec) (*childReport, error) {
 	ctx := context.Background()
-	a, ok := algorithmNamed(spec.Algorithm)
-	if !ok {
-		return nil, fmt.Errorf("unknown algorithm %q", spec.Algorithm)
+	algs := make([]algo, len(spec.Names))
+	for i := range algs {
+		name := spec.Algorithm
+		if len(spec.Algorithms) > 0 {
+			name = spec.Algorithms[i]
+		}
+		var ok bool
+		if algs[i], ok = algorithmNamed(name); !ok {
+			return nil, fmt.Errorf("unknown algorithm %q", name)
+		}
 	}
 	// No retries and no timeouts to speak of: a re-sent script is counted
 	// once (TestFaultStall proves it) but reports its first run's grant with
@@ -186,7 +195,7 @@ func runChild(spec childSpec) (*childReport, error) {
 	client := New(rdb) // no WithClock: the scripts read Redis TIME
 	limiters := make([]*Limiter, len(spec.Names))
 	for i, name := range spec.Names {
-		limiters[i] = a.new(client, name)
+		limiters[i] = algs[i].new(client, name)
 		// A peek (it writes nothing) loads the script and the cluster slots.
 		if _, err := limiters[i].Allow(ctx, 0); err != nil {
 			return nil, err
@@ -215,7 +224,7 @@ func runChild(spec childSpec) (*childReport, error) {
 			tl.errs = append(tl.errs, err)
 			return false
 		}
-		tl.decisions = append(tl.decisions, decision{i, r.Allowed, s.before, s.after, r.ResetAfter.Microseconds()})
+		tl.decisions = append(tl.decisions, decision{i, r.Allowed, s.before, s.after, r.ResetAfter.Microseconds(), r.Bound})
 		return false
 	})()
 	tail := time.Since(time.UnixMicro(spec.Stop))
@@ -265,26 +274,31 @@ func (r *childReport) of(i int) []decision {
 	return out
 }
 
+// concBackends are the servers the children hammer: the test binary's real
+// redis-server, and its Cluster with one limiter on each primary. setup
+// returns their addresses, a client, and the hash tags that place
+// concLimiters limiters.
+var concBackends = []struct {
+	name  string
+	setup func(t *testing.T) (addrs []string, rdb redis.Scripter, tags []string)
+}{
+	{"redis", func(t *testing.T) ([]string, redis.Scripter, []string) {
+		s := redistest.Shared(t)
+		return []string{s.Addr()}, s.Client(t), []string{"", "", ""}
+	}},
+	{"cluster", func(t *testing.T) ([]string, redis.Scripter, []string) {
+		c := redistest.SharedCluster(t)
+		// One limiter on each primary: slots 0, 8000 and 16000 belong to
+		// the three primaries redis-cli --cluster create makes.
+		return c.Addrs(), c.Client(t), []string{redistest.HashTagForSlot(0), redistest.HashTagForSlot(8000), redistest.HashTagForSlot(16000)}
+	}},
+}
+
 func TestExactnessUnderConcurrency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes for ~40s")
 	}
-	backends := []struct {
-		name  string
-		setup func(t *testing.T) (addrs []string, rdb redis.Scripter, tags []string)
-	}{
-		{"redis", func(t *testing.T) ([]string, redis.Scripter, []string) {
-			s := redistest.Shared(t)
-			return []string{s.Addr()}, s.Client(t), []string{"", "", ""}
-		}},
-		{"cluster", func(t *testing.T) ([]string, redis.Scripter, []string) {
-			c := redistest.SharedCluster(t)
-			// One limiter on each primary: slots 0, 8000 and 16000 belong to
-			// the three primaries redis-cli --cluster create makes.
-			return c.Addrs(), c.Client(t), []string{redistest.HashTagForSlot(0), redistest.HashTagForSlot(8000), redistest.HashTagForSlot(16000)}
-		}},
-	}
-	for _, b := range backends {
+	for _, b := range concBackends {
 		t.Run(b.name, func(t *testing.T) {
 			addrs, rdb, tags := b.setup(t)
 			for _, a := range algorithms {
@@ -548,6 +562,120 @@ func checkExactness(t *testing.T, a algo, cfg Config, spec childSpec, decisions 
 	assert.Empty(t, breaches(a, cfg, grants), "over-admission: the guarantee broken")
 	assert.Empty(t, unjustified(a, cfg, grants, denials), "under-admission: a denial while the window had room")
 	return len(grants), len(denials)
+}
+
+// multiConcConfig is a limiter of two rates for TestMultiRateExactUnderConcurrency:
+// 10 permits per 100ms (the funnel: a burst of 5; the sliding window: 10
+// buckets of 10ms), which denies many of the children's calls (they ask
+// each limiter 200 to 1500 times a second), and 100 in ten years (the
+// funnel: a burst of 80), which no run lasts and no window edge ends before
+// 2029. The second binds over the run: bound is what it grants, well under
+// what the first would (150 in 1.5s and more).
+func multiConcConfig(a algo) (cfg Config, bound int64) {
+	cfg = a.tune(Per(10, 100*time.Millisecond), 5, 10).And(a.tune(Per(100, maxInterval), 80, 10))
+	return cfg, quotaOf(ratesOf(cfg)[1]).Limit
+}
+
+const multiConcDuration = 1500 * time.Millisecond
+
+// Several rates, decided under the same load as TestExactnessUnderConcurrency
+// (concProcesses × concGoroutines), on one limiter of each algorithm at once
+// (on the Cluster, spread over the primaries): the grants over the run are
+// exactly the tightest bound, the further rate's; every denial is justified
+// by the rate it names as Bound (the first: its window was full; the
+// further one: all of its permits may have been granted before it); the
+// first rate's guarantee holds throughout; and a peek afterwards finds
+// exactly what is left. A run proves exactness only if demand took every
+// permit and outran the first rate at times: it is made again, at most
+// twice, if not.
+func TestMultiRateExactUnderConcurrency(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes for ~10s")
+	}
+	ctx := context.Background()
+	for _, b := range concBackends {
+		t.Run(b.name, func(t *testing.T) {
+			addrs, rdb, tags := b.setup(t)
+			for attempt := 1; ; attempt++ {
+				names, algs := make([]string, len(algorithms)), make([]string, len(algorithms))
+				for i, a := range algorithms {
+					cfg, _ := multiConcConfig(a)
+					names[i], algs[i] = fmt.Sprintf("%s%s-%s", tags[i%len(tags)], uniqueName(t), a.name), a.name
+					require.NoError(t, a.new(New(rdb), names[i]).SetRate(ctx, cfg))
+				}
+				start := time.Now().Add(time.Second) // the children's start-up, before it
+				spec := childSpec{
+					Algorithms: algs, Addrs: addrs, Cluster: b.name == "cluster", Names: names,
+					Goroutines: concGoroutines, Start: start.UnixMicro(), Stop: start.Add(multiConcDuration).UnixMicro(),
+				}
+				began := time.Now()
+				report := runChildren(t, spec)
+				require.Zero(t, report.Errors, "errors in the children: %v", report.First)
+				t.Logf("run %d: %v; slowest call %v", attempt, time.Since(began).Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
+				time.Sleep(200 * time.Millisecond) // every first rate is full again
+				proved := true
+				for i, a := range algorithms {
+					proved = checkMultiRateRun(t, a, a.new(New(rdb), names[i]), report.of(i)) && proved
+				}
+				if proved {
+					break
+				}
+				if attempt == 3 {
+					t.Errorf("demand did not take every permit, or never outran the first rate, in %d runs", attempt)
+					break
+				}
+			}
+		})
+	}
+}
+
+// checkMultiRateRun checks the decisions of l, a limiter of multiConcConfig,
+// over a run (see TestMultiRateExactUnderConcurrency), and reports whether
+// the run proved exactness: every permit of the further rate granted, and
+// some requests denied by the first. Decisions are placed as the further
+// rate's ResetAfter says (place): with ten years to go, it is the Result's.
+func checkMultiRateRun(t *testing.T, a algo, l *Limiter, decisions []decision) bool {
+	t.Helper()
+	cfg, bound := multiConcConfig(a)
+	first, further := ratesOf(cfg)[0], ratesOf(cfg)[1]
+	var grants, byFirst, byFurther []placed
+	for _, d := range decisions {
+		p := placed{d.Before, d.After}
+		if d.Reset > 0 { // 0: before any grant, nothing counts yet
+			var err error
+			p, err = place(a, further, d)
+			require.NoError(t, err, a.name)
+		}
+		switch {
+		case d.Allowed:
+			grants = append(grants, p)
+		case d.Bound == 0:
+			byFirst = append(byFirst, p)
+		default:
+			byFurther = append(byFurther, p)
+		}
+	}
+	slices.SortFunc(grants, func(a, b placed) int { return cmp.Compare(a.lo, b.lo) })
+	granted := int64(len(grants))
+	t.Logf("%s: %d grants of %d; %d denials by the first rate, %d by the further one", a.name, granted, bound, len(byFirst), len(byFurther))
+	assert.LessOrEqual(t, granted, bound, "%s: over-admission: more than the further rate's %d", a.name, bound)
+	assert.Empty(t, breaches(a, first, grants), "%s: over-admission: the first rate's guarantee broken", a.name)
+	assert.Empty(t, unjustified(a, first, grants, byFirst), "%s: a denial the first rate named while its window had room", a.name)
+	for _, d := range byFurther {
+		before := int64(sort.Search(len(grants), func(i int) bool { return grants[i].lo > d.hi }))
+		if !assert.GreaterOrEqual(t, before, bound, "%s: a denial the further rate named, at %d, before its permits were all granted", a.name, d.lo) {
+			break
+		}
+	}
+	r, err := l.Allow(context.Background(), 0)
+	require.NoError(t, err)
+	left, firstLimit := bound-granted, quotaOf(first).Limit
+	wantBound := 0
+	if left < firstLimit {
+		wantBound = 1
+	}
+	assert.Equal(t, [2]any{min(left, firstLimit), wantBound}, [2]any{r.Remaining, r.Bound}, "%s: the state holds the grants, no more, no fewer", a.name)
+	return granted == bound && len(byFirst) > 0
 }
 
 // The checks above can fail: fed decisions that break each guarantee by one,
