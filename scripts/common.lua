@@ -281,7 +281,10 @@ if op == 'allow' or op == 'release' then
             if retry ~= -1 then retry, bound = -1, i end
           elseif retry ~= -1 then
             local w = steps[i]('wait')
-            if w > wait then wait, bound = w, i end
+            if w > wait then
+              wait = w
+              if w > 0 then bound = i end -- a grant is bound by what it leaves
+            end
           end
         end
       end

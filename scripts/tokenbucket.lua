@@ -32,13 +32,15 @@ local function record(permits)
     math.floor(permits / 65536) % 256, math.floor(permits / 16777216) % 256)
 end
 
--- reset_after is the time until the newest record ages out and the bucket is full.
+-- reset_after is the time until the newest record ages out and the bucket
+-- is full: 0 when it has (a request no wait can satisfy reads the log
+-- before anything prunes it).
 local function reset_after(s)
   local newest = redis.call('ZRANGE', s.log, -1, -1, 'WITHSCORES')
   if #newest == 0 then
     return 0
   end
-  return (tonumber(newest[2]) + interval) * 1000 - NOW_US
+  return math.max(0, (tonumber(newest[2]) + interval) * 1000 - NOW_US)
 end
 
 -- store drops the aged records and caches the value, with both keys expiring
