@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-20261123190745-ec5149b512d1
+	github.com/redlimit/redlimit v0.0.0-20261123204111-9d8c6c0f0f2a
 )
 
 require (
