@@ -178,13 +178,14 @@ func missingClients(reply any) ([]string, bool) {
 
 // parseResult reads decide's reply (scripts/common.lua): integers in one
 // string, so that the client reads one value, not many. Six for a config of
-// one rate; with several, then the bound rate's index and each rate's rate,
-// interval, burst and buckets, from which quotas works out Result.Quotas.
+// one rate; with several, then the bound rate's index and each further
+// rate's rate, interval, burst and buckets, from which quota works out
+// their Quotas.
 func parseResult(reply any) (Result, error) {
 	s, ok := reply.(string)
-	var n [7 + 4*maxRates]int64
+	var n [7 + 4*(maxRates-1)]int64
 	fields := 1 + strings.Count(s, " ")
-	if !ok || fields != 6 && (fields < 7+4*2 || fields > len(n) || (fields-7)%4 != 0) || !spaced(s, n[:fields]) {
+	if !ok || fields != 6 && (fields < 7+4 || fields > len(n) || (fields-7)%4 != 0) || !spaced(s, n[:fields]) {
 		return Result{}, unexpected(reply)
 	}
 	r := Result{
@@ -197,7 +198,8 @@ func parseResult(reply any) (Result, error) {
 	}
 	if fields > 6 {
 		r.Bound = int(n[6])
-		r.Quotas = make([]Quota, 0, (fields-7)/4)
+		r.Quotas = make([]Quota, 1, 1+(fields-7)/4)
+		r.Quotas[0] = Quota{Limit: r.Limit, Window: r.Window}
 		for i := 7; i < fields; i += 4 {
 			rate, interval, burst := n[i], n[i+1], n[i+2]
 			if rate < 1 || interval < 1 || burst < 0 {
@@ -208,6 +210,7 @@ func parseResult(reply any) (Result, error) {
 		if r.Bound < 0 || r.Bound >= len(r.Quotas) {
 			return Result{}, unexpected(reply)
 		}
+		r.Limit, r.Window = r.Quotas[r.Bound].Limit, r.Quotas[r.Bound].Window
 	}
 	return r, nil
 }

@@ -84,9 +84,10 @@ end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
 local op, LOG = ARGV[1], ARGV[7] ~= nil and ARGV[7] ~= ''
 local rate, interval, kind, burst, buckets, keepalive, stored
--- several: the config has further rates, whose state may share the hash of
--- the first rate's; the decision then sets the hash's expiry once, for all.
-local K, several = '', false
+-- several: the config has further rates, whose state shares the hash of
+-- the first rate's (IN_CONFIG); the decision then writes their fields in one
+-- HSET (pending: field, value, …) and sets the hash's expiry once, for all.
+local K, several, pending = '', false, nil
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
@@ -128,14 +129,26 @@ local function expiry(ttl_us, key)
   return ttl_ms
 end
 
--- save writes state fields (name, value, …) to the hash key and has it
+-- save writes one or two state fields (name, value) to the hash key and has it
 -- expire when the limiter is full again, ttl_us from now; a nil ttl_us keeps
 -- the expiry the key has (the windows set it once per window, not per grant).
 -- KEYS[1] holding a stored config keeps the config's expiry (none, Expire's,
 -- or the keep-alive the decision refreshes).
-local function save(key, ttl_us, ...)
-  redis.call('HSET', key, ...)
-  if ttl_us and not several and (key ~= KEYS[1] or not stored) then
+local function save(key, ttl_us, field, value, field2, value2)
+  if several then
+    local n = #pending
+    pending[n + 1], pending[n + 2] = field, value
+    if field2 then
+      pending[n + 3], pending[n + 4] = field2, value2
+    end
+    return
+  end
+  if field2 then
+    redis.call('HSET', key, field, value, field2, value2)
+  else
+    redis.call('HSET', key, field, value)
+  end
+  if ttl_us and (key ~= KEYS[1] or not stored) then
     redis.call('PEXPIRE', key, expiry(ttl_us, key))
   end
 end
@@ -187,7 +200,7 @@ if op == 'allow' or op == 'release' then
   -- match starts where the last one ended, so the checks cover every byte.
   local rates
   if ok and more and more ~= '' then
-    rates, several = {}, true
+    rates, several, pending = {}, true, {}
     local at = 1
     ok = string.byte(more, -1) ~= 32 -- a space
     while ok and at <= #more do
@@ -195,9 +208,11 @@ if op == 'allow' or op == 'release' then
       if not last or #rates == (MAX_RATES - 1) * 4 then
         ok = false
       else
-        r, i, b, bk = r + 0, i + 0, b + 0, bk + 0
-        if b == 0 then b = r end
-        if bk == 0 then bk = 10 end
+        -- Only a funnel has a burst and only a sliding window buckets: the
+        -- others' are '0', and turning a string into a number costs.
+        r, i = r + 0, i + 0
+        if b == '0' then b = r else b = b + 0 end
+        if bk == '0' then bk = 10 else bk = bk + 0 end
         ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
         rates[#rates + 1], rates[#rates + 2], rates[#rates + 3], rates[#rates + 4] = r, i, b, bk
         at = last + 1
@@ -261,12 +276,12 @@ if op == 'allow' or op == 'release' then
       -- string (one value for the client to read, not six): allowed 0 or 1,
       -- retry after µs (-1: never), reset after µs, window ms: the span
       -- limit applies to, the interval or the time a funnel's burst takes to
-      -- drain. With several rates, limit and window are those of the rate
-      -- that bound the answer, and follow: its index (0 for the config's
-      -- own) and every rate's 'rate interval-ms burst buckets', the first
-      -- with its defaults applied, the others as more holds them (the
-      -- client works out their limits and windows: formatting them here
-      -- would cost every call). Zero permits is a peek: it writes nothing.
+      -- drain. With several rates, limit and window are still the first
+      -- rate's, and follow: the index of the rate that bound the answer (0
+      -- for the first) and the further rates as more holds them, 'rate
+      -- interval-ms burst buckets' each (the client works out their limits
+      -- and windows: formatting them here would cost every call). Zero
+      -- permits is a peek: it writes nothing.
       local limit = --[[@capacity]]
       local allowed, retry, wait, remaining, bound = 0, 0, 0, 0, 0
       if permits > limit then
@@ -333,15 +348,7 @@ if op == 'allow' or op == 'release' then
           end
           if reset_i > reset then reset = reset_i end
         end
-        local bound_limit, bound_window = limit, window
-        if bound > 0 then
-          local j = 4 * bound - 3
-          bound_limit = limits[bound]
-          bound_window = bound_limit * rates[j + 1] / rates[j]
-          bound_window = bound_window + (-bound_window) % 1
-        end
-        reply = string.format('%d %d %d %d %d %d %d %d %d %d %d ', allowed, bound_limit, remaining, retry, reset,
-          bound_window, bound, rate, interval, limit, buckets) .. more
+        reply = string.format('%d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, bound) .. more
       else
         reply = string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
       end
@@ -361,6 +368,9 @@ if op == 'allow' or op == 'release' then
         wrote = true
       end
       reply = back
+    end
+    if several and #pending > 0 then
+      redis.call('HSET', where, unpack(pending))
     end
     if several and wrote and IN_CONFIG and (where ~= KEYS[1] or not stored) then
       redis.call('PEXPIRE', where, expiry(math.max(reset, 1), where))
