@@ -1191,3 +1191,28 @@ func TestMultiRateBadConfigChangesNothing(t *testing.T) {
 		assertConfig(t, l, cfg)
 	})
 }
+
+// The token bucket's grants log drops the records older than every
+// interval once in 64 permits, not on every grant: it never holds more than
+// the further rates' windows need and 64 records besides.
+func TestMultiRateGrantsLogStaysBounded(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		l := newClient(rdb, clk).TokenBucket(uniqueName(t)).WithDefault(PerSecond(5).And(PerMinute(100)))
+		grants := keyOf(l.Name(), "grants")
+		most := int64(0)
+		for i := range 600 { // one grant every 700ms for 7 minutes
+			clk.Set(epoch.Add(time.Duration(i) * 700 * time.Millisecond))
+			r, err := l.Allow(ctx, 1)
+			require.NoError(t, err)
+			require.True(t, r.Allowed, "grant %d", i)
+			n, err := rdb.ZCard(ctx, grants).Result()
+			require.NoError(t, err)
+			most = max(most, n)
+		}
+		// A minute holds 86 grants at one per 700ms.
+		assert.LessOrEqual(t, most, int64(86+64))
+		assert.Greater(t, most, int64(86), "the log is pruned lazily, so it holds more than the window at times")
+	})
+}

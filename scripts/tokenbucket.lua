@@ -69,6 +69,10 @@ local function running(grants, member)
   return tonumber(total), tonumber(permits) -- not + 0: gopher-lua (miniredis) reads 010 as octal
 end
 
+-- newest_grant is the grants log's newest record (member, score), read by
+-- the first further rate and shared by the others.
+local newest_grant
+
 -- until_free walks the log from the oldest record until enough permits free
 -- up. When the whole log frees too few, the cached value was too low (a
 -- value key without its log): the log is the truth, and the value is rebuilt.
@@ -164,7 +168,8 @@ back = permits - left
 -- in the window: two lookups, however many grants the window holds.
 local grants, cutoff = KEYS[6 + kind * N], NOW_MS - interval
 local total, last, used = 0, 0, 0
-local newest = call(grants, 'ZRANGE', grants, -1, -1, 'WITHSCORES')
+newest_grant = newest_grant or call(grants, 'ZRANGE', grants, -1, -1, 'WITHSCORES')
+local newest = newest_grant
 if #newest > 0 then
   total, last = running(grants, newest[1]), tonumber(newest[2])
   local oldest = redis.call('ZRANGEBYSCORE', grants, '(' .. cutoff, '+inf', 'LIMIT', 0, 1)
@@ -190,12 +195,16 @@ if need > 0 then
 end
 --[[@more_commit]]
 -- One record serves every further rate: the first of them writes it. Its
--- time never goes back, so that the totals grow with the scores.
+-- time never goes back, so that the totals grow with the scores. Records
+-- older than every interval go every 64 permits, not on every grant: a
+-- command saved per grant, at most 64 stale records kept.
 used = used + permits
 if last < NOW_MS then last = NOW_MS end
 if K == '2' then
   redis.call('ZADD', grants, last, string.format('%016d:%d', total + permits, permits))
-  redis.call('ZREMRANGEBYSCORE', grants, '-inf', NOW_MS - longest)
+  if (total - total % 64) ~= (total + permits) - (total + permits) % 64 then
+    redis.call('ZREMRANGEBYSCORE', grants, '-inf', NOW_MS - longest)
+  end
   redis.call('PEXPIRE', grants, expiry((last + longest) * 1000 - NOW_US, grants))
 end
 --[[@more_report]]
