@@ -100,13 +100,13 @@ var (
 			grantedTwice: 10,
 			stateKeys:    func(name string) []string { return []string{keyOf(name, "permits"), keyOf(name, "value")} },
 			setState: func(rdb redis.UniversalClient, l *Limiter, value string) {
-				rdb.Del(context.Background(), l.keys[3])
-				rdb.Set(context.Background(), l.keys[3], value, 0)
+				rdb.Del(context.Background(), l.keys[1])
+				rdb.Set(context.Background(), l.keys[1], value, 0)
 			},
 		},
 		corruptions: func(rdb redis.UniversalClient) []corruption {
 			return []corruption{{"a record too short to hold a count (read as it ages out)", func(l *Limiter) {
-				rdb.ZAdd(context.Background(), l.keys[4], redis.Z{Score: float64(epoch.Add(-time.Minute).UnixMilli()), Member: "ab"})
+				rdb.ZAdd(context.Background(), l.keys[2], redis.Z{Score: float64(epoch.Add(-time.Minute).UnixMilli()), Member: "ab"})
 			}}}
 		},
 		cells: func(cfg Config) (int64, int64) { return 1000, cfg.Interval.Milliseconds() },
@@ -134,7 +134,7 @@ var (
 			return 1000, nil
 		},
 		counted: func(t *testing.T, admin *redis.Client, l *Limiter, cfg Config) int64 {
-			state := l.keys[3:] // the token bucket's shared state keys: this client's follow
+			state := l.keys[1:] // the token bucket's shared state keys
 			members, err := admin.ZRange(context.Background(), state[1], 0, -1).Result()
 			require.NoError(t, err)
 			var sum int64

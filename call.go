@@ -108,12 +108,23 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	if req.op == opExpire {
 		n = req.ms
 	}
+	// Every key and argument costs Redis about as much as a small command: a
+	// decision on a limiter not known to be PerClient, with no request log,
+	// goes with the config's and the Overall state's keys only, and without
+	// the client id; one that neither records nor logs its id goes without
+	// ARGV[6 .. 7].
+	decision := req.op == opAllow || req.op == opRelease
+	short := decision && c.retryWindow == 0 && !l.perClient.Load()
 	keys := l.keys
 	pooled := argsPool.Get().(*[]any)
-	args := append((*pooled)[:0], req.op, now, n, l.clientID, l.config)
-	// Every argument costs Redis about as much as a small command: a
-	// decision that neither records nor logs its id goes without ARGV[6 .. 7].
-	if id != noArg || c.retryWindow > 0 || req.op != opAllow {
+	args := append((*pooled)[:0], req.op, now, n, l.config)
+	if short {
+		keys = keys[:len(keys)-2-len(l.alg.state)]
+	}
+	if !short || id != noArg {
+		args = append(args, l.clientID)
+	}
+	if id != noArg || !decision {
 		args = append(args, id, c.retryWindowArg)
 	}
 	if len(req.clients) > 0 {
@@ -127,8 +138,16 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	clear(args)
 	*pooled = args[:0]
 	argsPool.Put(pooled)
+	if short && reply == perClientReply {
+		l.perClient.Store(true)
+		return l.eval(ctx, req)
+	}
 	return reply, err
 }
+
+// perClientReply is a decision's reply when it was sent the short key list
+// but the limiter is PerClient (scripts/common.lua).
+const perClientReply = "perclient"
 
 // argsPool recycles eval's argument slices: go-redis copies the arguments
 // into its command, so a slice is free again once the call returns.

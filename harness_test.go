@@ -33,9 +33,10 @@ type commandLog struct {
 	passHook
 	twice bool
 
-	mu     sync.Mutex
-	names  []string
-	counts map[string]int // by name and by script
+	mu      sync.Mutex
+	names   []string
+	counts  map[string]int // by name and by script
+	numKeys []any          // each EVALSHA's count of keys
 }
 
 // recorded returns a new client to rdb's server(s) that records into log.
@@ -64,6 +65,9 @@ func (h *commandLog) record(cmd redis.Cmder) {
 		h.counts = map[string]int{}
 	}
 	h.names = append(h.names, name)
+	if name == "evalsha" && len(args) > 2 {
+		h.numKeys = append(h.numKeys, args[2])
+	}
 	h.counts[name]++
 	if script != "" {
 		h.counts[script]++
@@ -97,6 +101,15 @@ func (h *commandLog) count(name string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.counts[name]
+}
+
+// keysSent returns each EVALSHA's count of keys, in order, and forgets them.
+func (h *commandLog) keysSent() []any {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sent := h.numKeys
+	h.numKeys = nil
+	return sent
 }
 
 // sent returns the names of the commands asked for, in order.

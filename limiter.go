@@ -19,6 +19,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -67,12 +68,16 @@ func (l *Limiter) Validate(cfg Config) error {
 // own: any number of handles, in any number of processes, share the limit.
 // It is safe for concurrent use.
 type Limiter struct {
-	client    *Client
-	alg       algorithm
-	name      string
-	keys      []string // see scripts/common.lua: config, client registry, request log, state keys
-	clientID  any      // whose PerClient state keys[…] name, as a script argument
-	denialKey string   // in the local cache of denials
+	client   *Client
+	alg      algorithm
+	name     string
+	keys     []string // see scripts/common.lua: config, Overall state, client registry, request log, this client's state
+	clientID any      // whose PerClient state keys[…] name, as a script argument
+	// perClient: the limiter is known to be PerClient (or to have been), so
+	// decisions send every key; until then they send the few an Overall
+	// limiter uses. Shared by the handles derived from one.
+	perClient *atomic.Bool
+	denialKey string // in the local cache of denials
 	// The config the scripts are given: sourceNone (the stored one only),
 	// sourceDefault (WithDefault: dflt while none is stored), sourceFixed
 	// (Throttle's, whatever is stored) or sourceNew (SetRate's); config is
@@ -86,15 +91,16 @@ type Limiter struct {
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	full := fullName(c.prefix, name)
 	l := &Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, source: sourceNone, config: noArg,
-		denialKey: denialKey(alg.name+":"+full, "")}
+		denialKey: denialKey(alg.name+":"+full, ""), perClient: new(atomic.Bool)}
 	if err := validName(name, full); err != nil {
 		l.err = err
 		return l
 	}
-	l.keys = append(l.keys, full, keyOf(full, "clients"), keyOf(full, "requests"))
+	l.keys = append(l.keys, full)
 	if !alg.inConfig {
 		l.keys = append(l.keys, l.stateKeys("")...)
 	}
+	l.keys = append(l.keys, keyOf(full, "clients"), keyOf(full, "requests"))
 	l.keys = append(l.keys, l.stateKeys(c.clientID)...)
 	return l
 }
@@ -199,6 +205,9 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 // withConfig returns a handle whose calls give the scripts cfg, as source says.
 func (l *Limiter) withConfig(source string, cfg Config) *Limiter {
 	d := *l
+	if cfg.Type == PerClient {
+		d.perClient.Store(true)
+	}
 	arg := cfg.arg(source)
 	d.source, d.config = source, arg
 	limiter, _ := splitDenialKey(l.denialKey)

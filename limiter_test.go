@@ -533,6 +533,46 @@ func TestPerClient(t *testing.T) {
 	})
 }
 
+// A decision sends only the keys an Overall limiter uses, until the limiter
+// turns out to be PerClient: the call is then sent again with every key, and
+// so are the handle's later ones.
+func TestDecisionSendsClientKeysOnceNeeded(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		clk := newClock()
+		log := &commandLog{}
+		x := a.new(newClient(recorded(t, rdb, log), clk, WithClientID("x")), name)
+		y := a.new(newClient(rdb, clk, WithClientID("y")), name)
+		short, all := 1, 4 // the config hash; then the registry, the request log, x's hash
+		if !x.alg.inConfig {
+			short, all = 4, 9 // and the Overall state's 3 keys; x's are 3
+		}
+
+		require.NoError(t, y.SetRate(ctx, Config{Rate: 3, Interval: time.Minute}))
+		log.keysSent()
+		for i, want := range []bool{true, true} {
+			ok, err := x.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			assert.Equal(t, want, ok, "Overall attempt %d", i)
+		}
+		require.NoError(t, x.Release(ctx, 1))
+		assert.Equal(t, []any{short, short, short}, log.keysSent(), "Overall decisions send the short list")
+
+		require.NoError(t, y.SetRate(ctx, Config{Type: PerClient, Rate: 2, Interval: time.Minute}))
+		for i, want := range []bool{true, true, false} {
+			ok, err := x.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			assert.Equal(t, want, ok, "x's attempt %d", i)
+		}
+		assert.Equal(t, []any{short, all, all, all}, log.keysSent(), "refused once, then every key")
+		assertAvailable(t, y, 2, "x's grants counted against x alone")
+		clients, err := x.Clients(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"x"}, clients, "x's grants are in the registry")
+	})
+}
+
 func TestExpireFamily(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()

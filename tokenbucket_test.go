@@ -20,10 +20,10 @@ func assertLogAgrees(t *testing.T, rdb redis.UniversalClient, l *Limiter, rate i
 	t.Helper()
 	ctx := context.Background()
 	var sum int64
-	for _, m := range rdb.ZRange(ctx, l.keys[4], 0, -1).Val() {
+	for _, m := range rdb.ZRange(ctx, l.keys[2], 0, -1).Val() {
 		sum += int64(binary.LittleEndian.Uint32([]byte(m)[len(m)-4:]))
 	}
-	value, err := rdb.Get(ctx, l.keys[3]).Int64()
+	value, err := rdb.Get(ctx, l.keys[1]).Int64()
 	if err == redis.Nil {
 		assert.Zero(t, sum, "no value key, so no log either")
 		return
@@ -80,7 +80,7 @@ func TestTokenBucketRecordsNeverCollide(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, ok, "grant %d", i)
 		}
-		assert.Equal(t, int64(500), rdb.ZCard(ctx, l.keys[4]).Val(), "one record per grant, all at the same millisecond")
+		assert.Equal(t, int64(500), rdb.ZCard(ctx, l.keys[2]).Val(), "one record per grant, all at the same millisecond")
 		ok, err := l.TryAcquire(ctx, 1)
 		require.NoError(t, err)
 		assert.False(t, ok)
@@ -128,7 +128,7 @@ func TestTokenBucketLostValueKey(t *testing.T) {
 		l := newClient(rdb, newClock()).TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
 		_, err := l.Allow(ctx, 10)
 		require.NoError(t, err)
-		require.NoError(t, rdb.Del(ctx, l.keys[3]).Err())
+		require.NoError(t, rdb.Del(ctx, l.keys[1]).Err())
 		r, err := l.Allow(ctx, 1)
 		require.NoError(t, err)
 		assert.False(t, r.Allowed)
@@ -143,7 +143,7 @@ func TestTokenBucketValueWithoutLog(t *testing.T) {
 	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		l := newClient(rdb, newClock()).TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
-		require.NoError(t, rdb.Set(ctx, l.keys[3], "0", 0).Err())
+		require.NoError(t, rdb.Set(ctx, l.keys[1], "0", 0).Err())
 		r, err := l.Allow(ctx, 0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), r.Remaining, "a peek reports the cache")
@@ -151,7 +151,7 @@ func TestTokenBucketValueWithoutLog(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 6, ResetAfter: 10 * time.Second, Window: 10 * time.Second}, r)
 		assertLogAgrees(t, rdb, l, 10)
-		assert.Positive(t, rdb.PTTL(ctx, l.keys[3]).Val(), "and the repaired value expires")
+		assert.Positive(t, rdb.PTTL(ctx, l.keys[1]).Val(), "and the repaired value expires")
 	})
 }
 

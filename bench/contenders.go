@@ -54,17 +54,15 @@ func ceiling(name string, rdb redis.Scripter) *contender {
 	return evalsha(name, rdb, "return 1", func(n string) []string { return []string{n} })
 }
 
-// shaped has the wire shape of a funnel's Allow with a default config: 4
-// keys, 5 arguments of the same types (boxed once, here), a reply of six
+// shaped has the wire shape of a funnel's Allow with a default config: 1
+// key, 4 arguments of the same types (boxed once, here), a reply of six
 // integers in one string: what go-redis costs for that, before the library
 // does anything.
 func shaped(rdb redis.Scripter) *contender {
-	return evalsha("go-redis EvalSha, a funnel's wire shape (4 keys, 5 args, one-string reply)", rdb,
+	return evalsha("go-redis EvalSha, a funnel's wire shape (1 key, 4 args, one-string reply)", rdb,
 		"return '1 1000000 999999 0 1000000 1000'",
-		func(n string) []string {
-			return []string{"{" + n + "}", "{" + n + "}:clients", "{" + n + "}:requests", "{" + n + "}:0123456789abcdef"}
-		},
-		"allow", "", int64(1), "0123456789abcdef", fmt.Sprintf("default %d 1000 0 0 0 0", bigRate))
+		func(n string) []string { return []string{"{" + n + "}"} },
+		"allow", "", int64(1), fmt.Sprintf("default %d 1000 0 0 0 0", bigRate))
 }
 
 // peer is github.com/go-redis/redis_rate/v10, a GCRA in one script like our

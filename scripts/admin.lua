@@ -112,7 +112,7 @@ end
 -- replace it. It sets the skeleton's locals (rate, interval, …) that the
 -- algorithm's helpers read.
 local function config()
-  local given = { string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
+  local given = { string.match(ARGV[4], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
   local source, cfg = given[1], nil
   local old = read_config()
   if old and source ~= 'fixed' and source ~= 'new' then
@@ -138,17 +138,17 @@ end
 -- state_keys returns a group's state keys: group 0 holds the Overall state,
 -- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[8 ..].
 -- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
--- and each client's in one key, from KEYS[4] on.
+-- and each client's in one key. See common.lua for the order of KEYS.
 local function state_keys(group)
   if IN_CONFIG then
     if group == 0 then
       return { KEYS[1] }
     end
-    return { KEYS[3 + group] }
+    return { KEYS[REQUESTS + group] }
   end
   local keys = {}
   for i = 1, N do
-    keys[i] = KEYS[3 + group * N + i]
+    keys[i] = KEYS[group == 0 and 1 + i or REQUESTS + (group - 1) * N + i]
   end
   return keys
 end
@@ -164,8 +164,10 @@ end
 -- separate_state_keys lists the state keys that are not KEYS[1].
 local function separate_state_keys()
   local keys = {}
-  for i = 4, #KEYS do
-    keys[#keys + 1] = KEYS[i]
+  for i = 2, #KEYS do
+    if i ~= REGISTRY and i ~= REQUESTS then
+      keys[#keys + 1] = KEYS[i]
+    end
   end
   return keys
 end
@@ -179,8 +181,8 @@ local function missing_clients()
     given[ARGV[i]] = true
   end
   local missing = {}
-  for _, id in ipairs(call(KEYS[2], 'ZRANGE', KEYS[2], 0, -1)) do
-    if not given[id] and id ~= ARGV[4] then
+  for _, id in ipairs(call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)) do
+    if not given[id] and id ~= ARGV[5] then
       missing[#missing + 1] = id
     end
   end
@@ -192,7 +194,7 @@ local function delete_state()
   if IN_CONFIG then
     redis.call('HDEL', KEYS[1], unpack(RATE_FIELDS))
   end
-  redis.call('DEL', KEYS[2], KEYS[3], unpack(separate_state_keys()))
+  redis.call('DEL', KEYS[REGISTRY], KEYS[REQUESTS], unpack(separate_state_keys()))
 end
 
 local function write_config(cfg)
@@ -244,7 +246,7 @@ if op == 'ttl' then
   return ttl
 end
 if op == 'clients' then
-  return call(KEYS[2], 'ZRANGE', KEYS[2], 0, -1)
+  return call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)
 end
 if op == 'persist' then
   if not read_config() then
@@ -263,13 +265,13 @@ if op == 'reset' then
   return 1
 end
 if op == 'delete' then
-  return math.min(1, redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], unpack(separate_state_keys())))
+  return math.min(1, redis.call('DEL', KEYS[1], KEYS[REGISTRY], KEYS[REQUESTS], unpack(separate_state_keys())))
 end
 if op == 'expire' then
   local keys = separate_state_keys()
   table.insert(keys, 1, KEYS[1])
-  table.insert(keys, 2, KEYS[2])
-  table.insert(keys, 3, KEYS[3])
+  table.insert(keys, 2, KEYS[REGISTRY])
+  table.insert(keys, 3, KEYS[REQUESTS])
   return cap_expiry(keys, tonumber(ARGV[3]))
 end
 if op == 'set' or op == 'tryset' then

@@ -16,21 +16,27 @@
 -- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
 --          keepAliveTime ms as Redisson keeps them; burst, buckets and
 --          algorithm for ours) and, when IN_CONFIG, the Overall state too
--- KEYS[2]  client registry: zset of PerClient ids, score = last grant in ms
--- KEYS[3]  request log: zset of recent request ids, score = when forgotten in ms
--- KEYS[4 ..]  state keys, N per group (see admin.lua's state_keys): the
---          Overall ones (none when IN_CONFIG), this client's, then those of
---          each client named in ARGV[8 ..]
+-- KEYS[2 ..]  the Overall state keys, N of them (none when IN_CONFIG)
+-- KEYS[REGISTRY]  client registry: zset of PerClient ids, score = last grant in ms
+-- KEYS[REQUESTS]  request log: zset of recent request ids, score = when forgotten in ms
+-- KEYS[REQUESTS + 1 ..]  this client's state keys, N of them (one when
+--          IN_CONFIG: a hash), then those of each client named in ARGV[8 ..]
+--          (see admin.lua's state_keys)
+-- Every key costs the call about as much as a small command, so a decision
+-- is sent with KEYS[1 .. REGISTRY - 1] only, unless its handle knows the
+-- limiter is PerClient or logs requests: a PerClient config met with the
+-- short list replies 'perclient', and the handle sends the whole list from
+-- then on.
 -- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl | clients
 -- ARGV[2]  now in µs, or '' to read Redis TIME
 -- ARGV[3]  permits (allow, release) or milliseconds (expire)
--- ARGV[4]  client id
--- ARGV[5]  the handle's config: '' (the stored one only) or 'SOURCE rate
+-- ARGV[4]  the handle's config: '' (the stored one only) or 'SOURCE rate
 --          interval-ms type burst buckets keep-alive-ms [MORE]', which Go has
 --          checked; SOURCE is default (while none is stored), fixed (whatever
 --          is stored: Throttle) or new (SetRate); MORE, the config's further
 --          rates as the hash's field more keeps them: 'rate interval-ms burst
 --          buckets' each, space-separated
+-- ARGV[5]  client id (sent with the whole key list only)
 -- ARGV[6]  request id: the token bucket's record, the request log's entry
 -- ARGV[7]  how long the request log keeps an id, ms; '' for no log
 --          (a decision that needs neither is sent without ARGV[6 .. 7])
@@ -83,6 +89,8 @@ else
 end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
 local op, LOG = ARGV[1], ARGV[7] ~= nil and ARGV[7] ~= ''
+local REGISTRY = IN_CONFIG and 2 or N + 2
+local REQUESTS = REGISTRY + 1
 local rate, interval, kind, burst, buckets, keepalive, stored
 -- several: the config has further rates, whose state shares the hash of
 -- the first rate's (IN_CONFIG); the decision then writes their fields in one
@@ -160,11 +168,11 @@ end
 -- and is false for a re-run, whose grant is counted already. (The token
 -- bucket needs no log for its grants: its records hold the id.)
 local first_run = LOG and function()
-  if call(KEYS[3], 'ZADD', KEYS[3], 'NX', NOW_MS + ARGV[7], ARGV[6]) == 0 then
+  if call(KEYS[REQUESTS], 'ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[7], ARGV[6]) == 0 then
     return false
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', NOW_MS)
-  redis.call('PEXPIRE', KEYS[3], ARGV[7])
+  redis.call('ZREMRANGEBYSCORE', KEYS[REQUESTS], '-inf', NOW_MS)
+  redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[7])
   return true
 end
 
@@ -177,7 +185,7 @@ if op == 'allow' or op == 'release' then
     'algorithm', 'more'--[[@fields]])
   if f.err then fail('corrupt ' .. KEYS[1] .. ': ' .. f.err) end
   stored = f[1] or f[2] or f[7]
-  local ok, more = not stored and ARGV[5] ~= '', nil
+  local ok, more = not stored and ARGV[4] ~= '', nil
   if stored then
     -- The same checks as admin.lua's stored_config, which names the culprit.
     rate, interval, kind = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0)
@@ -192,8 +200,8 @@ if op == 'allow' or op == 'release' then
   end
   -- The handle's config: a default while none is stored, a fixed one
   -- (Throttle's) even over a stored one, which must still be sound.
-  if ok and ARGV[5] ~= '' and (not stored or string.sub(ARGV[5], 1, 6) == 'fixed ') then
-    local _, r, i, t, b, bk, ka, rest = string.match(ARGV[5], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+  if ok and ARGV[4] ~= '' and (not stored or string.sub(ARGV[4], 1, 6) == 'fixed ') then
+    local _, r, i, t, b, bk, ka, rest = string.match(ARGV[4], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
     rate, interval, kind, burst, buckets, keepalive, more = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0, rest
   end
   -- The further rates, flat: rate, interval, burst, buckets of each. Each
@@ -219,12 +227,15 @@ if op == 'allow' or op == 'release' then
       end
     end
   end
+  if ok and kind == 1 and not KEYS[REGISTRY] then
+    return 'perclient' -- sent with the short key list: see KEYS above
+  end
   if ok then
     if burst == 0 then burst = rate end
     if buckets == 0 then buckets = 10 end
     local where, s1, s2 = KEYS[1], f[9], f[10]
     if IN_CONFIG and kind == 1 then
-      where = KEYS[4]
+      where = KEYS[REQUESTS + 1]
       local g = call(where, 'HMGET', where--[[@fields]])
       s1, s2 = g[1], g[2]
     end
@@ -320,15 +331,15 @@ if op == 'allow' or op == 'release' then
               -- client's keys. It lives as long as any client's state can: one
               -- interval, or the time a funnel takes to drain when its burst
               -- exceeds its rate, the longest of any rate's.
-              call(KEYS[2], 'ZADD', KEYS[2], NOW_MS, ARGV[4])
+              call(KEYS[REGISTRY], 'ZADD', KEYS[REGISTRY], NOW_MS, ARGV[5])
               local life = math.max(interval, burst * interval / rate)
               for j = 1, rates and #rates or 0, 4 do
                 life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
               end
-              redis.call('PEXPIRE', KEYS[2], expiry(life * 1000, KEYS[2]))
+              redis.call('PEXPIRE', KEYS[REGISTRY], expiry(life * 1000, KEYS[REGISTRY]))
             end
           end
-        elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[3], ARGV[6])) then
+        elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[6])) then
           allowed = 1 -- a re-sent script whose first run was granted
         else
           retry = wait

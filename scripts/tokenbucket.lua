@@ -104,7 +104,7 @@ rate
 -- it; when the cache is missing or impossible the log is summed again, so
 -- losing it never resets the limiter. aged counts the records that left the
 -- window, for the next write to drop.
-local s = { value_key = KEYS[4 + kind * N], log = KEYS[5 + kind * N], cutoff = NOW_MS - interval }
+local s = { value_key = KEYS[2 + kind * (REQUESTS - 1)], log = KEYS[3 + kind * (REQUESTS - 1)], cutoff = NOW_MS - interval }
 s.aged = sum(s.log, call(s.log, 'ZRANGEBYSCORE', s.log, '-inf', s.cutoff))
 local value = integer(s.value_key, 'value', call(s.value_key, 'GET', s.value_key), -MAX, MAX)
 if value == nil or value + s.aged > rate then
@@ -166,7 +166,7 @@ back = permits - left
 -- '%016d:%d' (zero-padded, so that members of one ms sort by the total). A
 -- rate's usage is the newest total less the total before its oldest grant
 -- in the window: two lookups, however many grants the window holds.
-local grants, cutoff = KEYS[6 + kind * N], NOW_MS - interval
+local grants, cutoff = KEYS[4 + kind * (REQUESTS - 1)], NOW_MS - interval
 local total, last, used = 0, 0, 0
 newest_grant = newest_grant or call(grants, 'ZRANGE', grants, -1, -1, 'WITHSCORES')
 local newest = newest_grant
