@@ -115,7 +115,7 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	// ARGV[6 .. 7].
 	decision := req.op == opAllow || req.op == opRelease
 	short := decision && c.retryWindow == 0 && !l.perClient.Load()
-	keys := l.keys
+	keys := l.keyArgs
 	pooled := argsPool.Get().(*[]any)
 	args := append((*pooled)[:0], req.op, now, n, l.config)
 	if short {
@@ -130,11 +130,13 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	if len(req.clients) > 0 {
 		keys = slices.Clone(keys)
 		for _, other := range req.clients {
-			keys = append(keys, l.stateKeys(other)...)
+			for _, k := range l.stateKeys(other) {
+				keys = append(keys, k)
+			}
 			args = append(args, other)
 		}
 	}
-	reply, err := c.run(ctx, l.alg.script, keys, args...)
+	reply, err := c.run(ctx, l.alg.script, keys, args)
 	clear(args)
 	*pooled = args[:0]
 	argsPool.Put(pooled)

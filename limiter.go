@@ -72,6 +72,7 @@ type Limiter struct {
 	alg      algorithm
 	name     string
 	keys     []string // see scripts/common.lua: config, Overall state, client registry, request log, this client's state
+	keyArgs  []any    // keys, boxed once: script arguments
 	clientID any      // whose PerClient state keys[…] name, as a script argument
 	// perClient: the limiter is known to be PerClient (or to have been), so
 	// decisions send every key; until then they send the few an Overall
@@ -102,6 +103,7 @@ func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	}
 	l.keys = append(l.keys, keyOf(full, "clients"), keyOf(full, "requests"))
 	l.keys = append(l.keys, l.stateKeys(c.clientID)...)
+	l.keyArgs = boxed(l.keys)
 	return l
 }
 
@@ -135,6 +137,14 @@ func (l *Limiter) stateKeys(clientID string) []string {
 		keys[i] = keyOf(l.name, s)
 	}
 	return keys
+}
+
+func boxed(keys []string) []any {
+	b := make([]any, len(keys))
+	for i, k := range keys {
+		b[i] = k
+	}
+	return b
 }
 
 func validName(name, full string) error {
@@ -181,6 +191,7 @@ func (l *Limiter) AsClient(id string) *Limiter {
 	}
 	d.clientID = id
 	d.keys = append(slices.Clone(l.keys[:len(l.keys)-len(l.alg.state)]), l.stateKeys(id)...)
+	d.keyArgs = boxed(d.keys)
 	limiter, decision := splitDenialKey(l.denialKey)
 	d.denialKey = limiter + " as " + id + "\x00" + decision
 	return &d

@@ -21,9 +21,10 @@ var scriptFiles embed.FS
 // scripts/common.lua and scripts/admin.lua with the sections of the
 // algorithm's own file pasted in. It is the only place that talks to Redis.
 type script struct {
-	name string
-	src  string
-	sha  string
+	name   string
+	src    string
+	sha    string
+	shaArg any // sha, boxed once: an EVALSHA's argument
 }
 
 // newScript assembles the script of a, whose sections are in file.
@@ -32,7 +33,8 @@ func newScript(a algorithm, file string) *script {
 		a.name, len(a.state), a.inConfig, a.records, maxRates)
 	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file))
 	sum := sha1.Sum([]byte(src))
-	return &script{name: a.name, src: src, sha: hex.EncodeToString(sum[:])}
+	sha := hex.EncodeToString(sum[:])
+	return &script{name: a.name, src: src, sha: sha, shaArg: sha}
 }
 
 func readScript(name string) string {
@@ -81,12 +83,12 @@ func paste(skeleton, algorithm string) string {
 
 // run executes s: the one road from every method to Redis. With WithBreaker,
 // the breaker may answer instead, and learns from the outcome.
-func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
+func (c *Client) run(ctx context.Context, s *script, keys, args []any) (any, error) {
 	pass, err := c.breaker.enter()
 	if err != nil {
 		return nil, err
 	}
-	reply, err := c.evalSha(ctx, s, keys, args...)
+	reply, err := c.evalSha(ctx, s, keys, args)
 	c.breaker.leave(pass, err)
 	return reply, err
 }
@@ -98,21 +100,45 @@ func (c *Client) run(ctx context.Context, s *script, keys []string, args ...any)
 // different moments, so a retry can meet NOSCRIPT again, from a server that
 // lost the script after the load it waited for: each such answer gets a load
 // of its own, up to maxScriptRuns EVALSHAs in all.
-func (c *Client) evalSha(ctx context.Context, s *script, keys []string, args ...any) (any, error) {
+func (c *Client) evalSha(ctx context.Context, s *script, keys, args []any) (any, error) {
 	sent := time.Now()
-	reply, err := c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
+	reply, err := c.send(ctx, s, keys, args)
 	for runs := 1; isNoScript(err) && runs < maxScriptRuns; runs++ {
 		answered := time.Now()
 		if err := c.reload(ctx, s, sent, answered, runs > 1); err != nil {
 			return nil, fmt.Errorf("%w (loading script %s)", scriptError(ctx, err), s.name)
 		}
 		sent = time.Now()
-		reply, err = c.rdb.EvalSha(ctx, s.sha, keys, args...).Result()
+		reply, err = c.send(ctx, s, keys, args)
 	}
 	if err != nil {
 		return nil, scriptError(ctx, err)
 	}
 	return reply, nil
+}
+
+// send sends one EVALSHA of s. go-redis's EvalSha boxes the sha and every
+// key on each call, an allocation each; the limiter's keys and the sha are
+// boxed once, so send builds the command itself when the client can process
+// one (every go-redis client can: Client, ClusterClient, Ring,
+// AutoPipeliner), routed by its first key as EvalSha routes it.
+func (c *Client) send(ctx context.Context, s *script, keys, args []any) (any, error) {
+	p, ok := c.rdb.(interface {
+		Process(context.Context, redis.Cmder) error
+	})
+	if !ok {
+		names := make([]string, len(keys))
+		for i, k := range keys {
+			names[i] = k.(string)
+		}
+		return c.rdb.EvalSha(ctx, s.sha, names, args...).Result()
+	}
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(append(append(cmdArgs, "evalsha", s.shaArg, len(keys)), keys...), args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	cmd.SetFirstKeyPos(3)
+	_ = p.Process(ctx, cmd)
+	return cmd.Result()
 }
 
 // maxScriptRuns bounds the EVALSHAs of one call. Every NOSCRIPT after the

@@ -50,6 +50,35 @@ func TestNoScriptReloads(t *testing.T) {
 	})
 }
 
+// plainScripter is a redis.Scripter and nothing more: no Process, so the
+// runtime sends its scripts through EvalSha.
+type plainScripter struct{ redis.Scripter }
+
+// A Scripter that cannot process a ready-made command gets the same
+// decisions, and the same recovery from NOSCRIPT, through EvalSha.
+func TestPlainScripter(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		log := &commandLog{}
+		logged := recorded(t, rdb, log)
+		name := uniqueName(t)
+		l := a.new(newClient(plainScripter{logged}, newClock()), name).WithDefault(tenPer10s)
+		scriptFlush(t, rdb)
+		for i := range 11 {
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			assert.Equal(t, i < 10, ok, "attempt %d", i)
+		}
+		assert.Equal(t, 1, log.count("script load"))
+		assert.Equal(t, 12, log.count("evalsha"), "11 decisions, one of them twice")
+		require.NoError(t, l.SetRate(ctx, Config{Type: PerClient, Rate: 2, Interval: time.Minute}))
+		ok, err := l.TryAcquire(ctx, 2)
+		require.NoError(t, err)
+		assert.True(t, ok, "PerClient: every key sent")
+		assertAvailable(t, l, 0)
+	})
+}
+
 // A Ring's ScriptLoad reaches one shard; the runtime loads every shard.
 func TestRing(t *testing.T) {
 	ctx := context.Background()
