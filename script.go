@@ -29,9 +29,17 @@ type script struct {
 
 // newScript assembles the script of a, whose sections are in file.
 func newScript(a algorithm, file string) *script {
-	header := fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, MAX_RATES = '%s', %d, %t, %t, %d\n",
-		a.name, len(a.state), a.inConfig, a.records, maxRates)
-	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file))
+	header := fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, MAX_RATES, BURST, BUCKETS = '%s', %d, %t, %t, %d, %t, %t\n",
+		a.name, len(a.state), a.inConfig, a.records, maxRates, a.burst, a.buckets)
+	// A decision reads only the config fields its algorithm uses: each
+	// field read costs about as much as a small command.
+	own := "--[[@own_config]]\n"
+	if a.burst {
+		own += ", 'burst'\n"
+	} else if a.buckets {
+		own += ", 'buckets'\n"
+	}
+	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own)
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])
 	return &script{name: a.name, src: src, sha: sha, shaArg: sha}

@@ -1,8 +1,9 @@
 -- The decision skeleton. script.go assembles one script per algorithm: a
--- header from Go (local ALGORITHM, N, IN_CONFIG, RECORDS: the algorithm's
--- stored name, its state keys per client, whether its Overall state is
--- fields of KEYS[1], whether its grants carry the request id), this file and
--- admin.lua. The algorithm's own file is never run as a whole: it is a list
+-- header from Go (local ALGORITHM, N, IN_CONFIG, RECORDS, MAX_RATES, BURST,
+-- BUCKETS: the algorithm's stored name, its state keys per client, whether
+-- its Overall state is fields of KEYS[1], whether its grants carry the
+-- request id, the most rates a config holds, whether it has a burst or
+-- buckets), this file and admin.lua. The algorithm's own file is never run as a whole: it is a list
 -- of sections, each pasted where this file or admin.lua names it in a
 -- marker: a comment holding @ and the name in double brackets.
 --
@@ -55,6 +56,7 @@
 -- The sections:
 --   helpers   functions the others use, created before the decision
 --   fields    , 'name' .. K … the state's hash fields (IN_CONFIG)
+--   own_config  , 'burst' or , 'buckets' when it has one (script.go writes it)
 --   capacity  the most one request may take: rate or burst
 --   load      reads the state as of now into locals of its own
 --   wait      sets wait: 0 or less when permits fit now, else µs until they do
@@ -181,28 +183,34 @@ end
 -- The decision (allow) and its inverse (release). A config that is missing
 -- or fails a check here goes on to admin.lua, which says what is wrong.
 if op == 'allow' or op == 'release' then
-  local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm', 'more'--[[@fields]])
+  -- f: rate, interval, type, keepAliveTime, algorithm, more, then burst
+  -- (BURST) or buckets (BUCKETS), then the state's fields.
+  local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
+    --[[@own_config]]--[[@fields]])
   if f.err then fail('corrupt ' .. KEYS[1] .. ': ' .. f.err) end
-  stored = f[1] or f[2] or f[7]
+  stored = f[1] or f[2] or f[5]
   local ok, more = not stored and ARGV[4] ~= '', nil
+  local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
   if stored then
     -- The same checks as admin.lua's stored_config, which names the culprit.
-    rate, interval, kind = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0)
-    burst, buckets, keepalive = tonumber(f[4] or 0), tonumber(f[5] or 0), tonumber(f[6] or 0)
+    rate, interval, kind, keepalive = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0)
+    burst, buckets = 0, 0
+    if BURST then burst = tonumber(f[7] or 0) elseif BUCKETS then buckets = tonumber(f[7] or 0) end
     ok = rate and interval and kind and burst and buckets and keepalive
         and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
         and rate >= 1 and rate <= MAX and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
         and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= 1000 and keepalive >= 0 and keepalive <= MAX
         and (buckets == 0 and 10 or buckets) <= interval and rate <= interval * 1000
-        and (f[7] or 'tokenbucket') == ALGORITHM
-    more = f[8]
+        and (f[5] or 'tokenbucket') == ALGORITHM
+    more = f[6]
   end
   -- The handle's config: a default while none is stored, a fixed one
-  -- (Throttle's) even over a stored one, which must still be sound.
+  -- (Throttle's) even over a stored one, which must still be sound. Go
+  -- wrote it: a '0' needs no converting.
   if ok and ARGV[4] ~= '' and (not stored or string.sub(ARGV[4], 1, 6) == 'fixed ') then
-    local _, r, i, t, b, bk, ka, rest = string.match(ARGV[4], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
-    rate, interval, kind, burst, buckets, keepalive, more = r + 0, i + 0, t + 0, b + 0, bk + 0, ka + 0, rest
+    local r, i, t, b, bk, ka, rest = string.match(ARGV[4], '^%a+ (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+    rate, interval, kind, more = r + 0, i + 0, t == '1' and 1 or 0, rest
+    burst, buckets, keepalive = b == '0' and 0 or b + 0, bk == '0' and 0 or bk + 0, ka == '0' and 0 or ka + 0
   end
   -- The further rates, flat: rate, interval, burst, buckets of each. Each
   -- match starts where the last one ended, so the checks cover every byte.
@@ -233,7 +241,7 @@ if op == 'allow' or op == 'release' then
   if ok then
     if burst == 0 then burst = rate end
     if buckets == 0 then buckets = 10 end
-    local where, s1, s2 = KEYS[1], f[9], f[10]
+    local where, s1, s2 = KEYS[1], f[S], f[S + 1]
     if IN_CONFIG and kind == 1 then
       where = KEYS[REQUESTS + 1]
       local g = call(where, 'HMGET', where--[[@fields]])
