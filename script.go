@@ -39,7 +39,14 @@ func newScript(a algorithm, file string) *script {
 	} else if a.buckets {
 		own += ", 'buckets'\n"
 	}
-	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own)
+	// The tools go before the decision for an algorithm whose decision uses
+	// them, and after it otherwise: no function is then created on its
+	// decisions (each one costs about as much as a small command).
+	tools := "--[[@tools_before]]\n" + readScript("tools.lua") + "--[[@tools_after]]\n"
+	if a.inConfig {
+		tools = "--[[@tools_after]]\n" + readScript("tools.lua") + "--[[@tools_before]]\n"
+	}
+	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own+tools)
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])
 	return &script{name: a.name, src: src, sha: sha, shaArg: sha}
@@ -71,7 +78,7 @@ func paste(skeleton, algorithm string) string {
 			sections[name] += line
 		}
 	}
-	for _, step := range []string{"load", "wait", "commit", "report", "release"} {
+	for _, step := range []string{"load", "wait", "commit", "write", "report", "release"} {
 		if _, ok := sections["more_"+step]; !ok && strings.Contains(skeleton, "--[[@more_"+step+"]]") {
 			sections["more_"+step] = sections[step]
 		}

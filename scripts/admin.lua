@@ -2,6 +2,8 @@
 -- whole, and the diagnosis of a config the decision refused. Nothing here is
 -- created on a decision's path.
 
+--[[@tools_after]]
+
 --[[@admin]]
 
 -- stored_config makes a config of the hash's fields f (HMGET order): every

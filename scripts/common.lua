@@ -10,9 +10,10 @@
 -- Why pasting: Redis runs the whole chunk on every call, and every function
 -- created or called and every table built costs about as much as a small
 -- Redis command. So a decision is one straight block, the algorithm's steps
--- pasted into it, and only the few helpers below are created before it. The
--- rarer ops, and every error's full diagnosis, live in admin.lua, after the
--- block: their functions are only created when one is asked for.
+-- pasted into it, and it creates no function: an algorithm whose state is
+-- fields of KEYS[1] (IN_CONFIG) has tools.lua's helpers pasted after the
+-- block, where the rarer ops and every error's full diagnosis (admin.lua)
+-- use them; the token bucket, whose steps call helpers, has them before.
 --
 -- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
 --          keepAliveTime ms as Redisson keeps them; burst, buckets and
@@ -49,10 +50,12 @@
 --   holding the state, s1 and s2: its stored fields (IN_CONFIG); permits;
 --   K: the suffix of the rate's state fields ('' for the config's own rate,
 --   '2', '3' … for its further ones); longest: the longest interval of the
---   further rates.
--- With several rates, the steps below run once per rate: straight for the
--- config's own, and for each further rate inside a closure of its own
--- (other_rate), with that rate's rate, interval, burst, buckets and K.
+--   further rates; expire: set by a write that moves the state's expiry.
+-- With several rates, the steps run once per rate: straight for the
+-- config's own, and for the further ones in two loops, with each one's
+-- rate, interval, burst, buckets and K: before the decision, load and wait
+-- (its s1 and s2 kept in states); after it, load again from them, then
+-- commit and write, or release and write, then report.
 -- The sections:
 --   helpers   functions the others use, created before the decision
 --   fields    , 'name' .. K … the state's hash fields (IN_CONFIG)
@@ -60,17 +63,21 @@
 --   capacity  the most one request may take: rate or burst
 --   load      reads the state as of now into locals of its own
 --   wait      sets wait: 0 or less when permits fit now, else µs until they do
---   commit    records a grant; sets counted = false for a grant recorded
---             already (a re-sent script)
+--   commit    counts a grant in the locals; sets counted = false for a grant
+--             recorded already (a re-sent script)
+--   release   gives back up to permits in the locals; sets back
+--   write     writes the locals a commit or release left (HSET, or HDEL
+--             when nothing is left) and sets expire when the state's expiry
+--             must move; the skeleton sets the expiry, once
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
---   release   gives back up to permits; sets back
 --   admin     admin.lua's: TYPES (each state key's Redis type), FIELDS
 --             (the state's hash fields) and settle(keys), which brings the
 --             state in line after a rate change, or nil
---   more_load, more_wait, more_commit, more_report, more_release: a further
---             rate's steps when they differ from the first rate's (the token
---             bucket's: Redisson's layout holds its first rate only)
+--   more_load, more_wait, more_commit, more_write, more_report, more_release:
+--             a further rate's steps when they differ from the first rate's
+--             (the token bucket's: Redisson's layout holds its first rate only)
+--   tools_before, tools_after: tools.lua, at one of the two (script.go)
 --
 -- Every number written or returned is an integer: Lua numbers are doubles and
 -- Redis truncates returned floats. A number given to redis.call is written
@@ -94,74 +101,10 @@ local op, LOG = ARGV[1], ARGV[7] ~= nil and ARGV[7] ~= ''
 local REGISTRY = IN_CONFIG and 2 or N + 2
 local REQUESTS = REGISTRY + 1
 local rate, interval, kind, burst, buckets, keepalive, stored
--- several: the config has further rates, whose state shares the hash of
--- the first rate's (IN_CONFIG); the decision then writes their fields in one
--- HSET (pending: field, value, …) and sets the hash's expiry once, for all.
-local K, several, pending = '', false, nil
+-- K: the suffix of a rate's state fields, '' for the config's own rate.
+local K = ''
 
-local function fail(why)
-  error('REDLIMIT ' .. why, 0)
-end
-
--- call runs a command on key and turns a type error into a clear one naming the key.
-local function call(key, ...)
-  local reply = redis.pcall(...)
-  if type(reply) == 'table' and reply.err then
-    fail('corrupt ' .. key .. ': ' .. reply.err)
-  end
-  return reply
-end
-
--- integer parses a stored field: a whole number within [min, max], or nil when absent.
-local function integer(key, field, value, min, max)
-  if not value then
-    return nil
-  end
-  local n = tonumber(value)
-  if n == nil or n % 1 ~= 0 or n < min or n > max then
-    fail('corrupt ' .. key .. ': field ' .. field .. ' = ' .. string.format('%q', value))
-  end
-  return n
-end
-
--- expiry converts a state key's TTL in µs to whole ms, rounding up. For a
--- key other than KEYS[1], it caps the TTL so that no key outlives a stored
--- config (Expire, ExpireAt).
-local function expiry(ttl_us, key)
-  local ttl_ms = (ttl_us + (-ttl_us) % 1000) / 1000
-  if ttl_ms < 1 then ttl_ms = 1 end
-  if key ~= KEYS[1] and stored and keepalive == 0 then
-    local left = redis.call('PTTL', KEYS[1])
-    if left > 0 and left < ttl_ms then
-      return left
-    end
-  end
-  return ttl_ms
-end
-
--- save writes one or two state fields (name, value) to the hash key and has it
--- expire when the limiter is full again, ttl_us from now; a nil ttl_us keeps
--- the expiry the key has (the windows set it once per window, not per grant).
--- KEYS[1] holding a stored config keeps the config's expiry (none, Expire's,
--- or the keep-alive the decision refreshes).
-local function save(key, ttl_us, field, value, field2, value2)
-  if several then
-    local n = #pending
-    pending[n + 1], pending[n + 2] = field, value
-    if field2 then
-      pending[n + 3], pending[n + 4] = field2, value2
-    end
-    return
-  end
-  if field2 then
-    redis.call('HSET', key, field, value, field2, value2)
-  else
-    redis.call('HSET', key, field, value)
-  end
-  if ttl_us and (key ~= KEYS[1] or not stored) then
-    redis.call('PEXPIRE', key, expiry(ttl_us, key))
-  end
-end
+--[[@tools_before]]
 
 -- A client re-sends a script whose reply it did not read (go-redis does on a
 -- read timeout). Counting it twice only denies sooner, so by default nothing
@@ -170,7 +113,11 @@ end
 -- and is false for a re-run, whose grant is counted already. (The token
 -- bucket needs no log for its grants: its records hold the id.)
 local first_run = LOG and function()
-  if call(KEYS[REQUESTS], 'ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[7], ARGV[6]) == 0 then
+  local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[7], ARGV[6])
+  if type(added) == 'table' then
+    error('REDLIMIT corrupt ' .. KEYS[REQUESTS] .. ': ' .. added.err, 0)
+  end
+  if added == 0 then
     return false
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[REQUESTS], '-inf', NOW_MS)
@@ -187,7 +134,7 @@ if op == 'allow' or op == 'release' then
   -- (BURST) or buckets (BUCKETS), then the state's fields.
   local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
     --[[@own_config]]--[[@fields]])
-  if f.err then fail('corrupt ' .. KEYS[1] .. ': ' .. f.err) end
+  if f.err then error('REDLIMIT corrupt ' .. KEYS[1] .. ': ' .. f.err, 0) end
   stored = f[1] or f[2] or f[5]
   local ok, more = not stored and ARGV[4] ~= '', nil
   local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
@@ -212,16 +159,18 @@ if op == 'allow' or op == 'release' then
     rate, interval, kind, more = r + 0, i + 0, t == '1' and 1 or 0, rest
     burst, buckets, keepalive = b == '0' and 0 or b + 0, bk == '0' and 0 or bk + 0, ka == '0' and 0 or ka + 0
   end
-  -- The further rates, flat: rate, interval, burst, buckets of each. Each
-  -- match starts where the last one ended, so the checks cover every byte.
-  local rates
+  -- The further rates, flat: rate, interval, burst, buckets of each (n
+  -- numbers). Each match starts where the last one ended, so the checks
+  -- cover every byte.
+  local rates, n = nil, 0
   if ok and more and more ~= '' then
-    rates, several, pending = {}, true, {}
-    local at = 1
+    rates = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 } -- sized for MAX_RATES - 1
+    local last = 0
     ok = string.byte(more, -1) ~= 32 -- a space
-    while ok and at <= #more do
-      local _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', at)
-      if not last or #rates == (MAX_RATES - 1) * 4 then
+    while ok and last < #more do
+      local _, r, i, b, bk
+      _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', last + 1)
+      if not last or n == (MAX_RATES - 1) * 4 then
         ok = false
       else
         -- Only a funnel has a burst and only a sliding window buckets: the
@@ -230,8 +179,8 @@ if op == 'allow' or op == 'release' then
         if b == '0' then b = r else b = b + 0 end
         if bk == '0' then bk = 10 else bk = bk + 0 end
         ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
-        rates[#rates + 1], rates[#rates + 2], rates[#rates + 3], rates[#rates + 4] = r, i, b, bk
-        at = last + 1
+        rates[n + 1], rates[n + 2], rates[n + 3], rates[n + 4] = r, i, b, bk
+        n = n + 4
       end
     end
   end
@@ -244,53 +193,62 @@ if op == 'allow' or op == 'release' then
     local where, s1, s2 = KEYS[1], f[S], f[S + 1]
     if IN_CONFIG and kind == 1 then
       where = KEYS[REQUESTS + 1]
-      local g = call(where, 'HMGET', where--[[@fields]])
+      local g = redis.pcall('HMGET', where--[[@fields]])
+      if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits = ARGV[3] + 0
+    local permits, decide = ARGV[3] + 0, op == 'allow'
+    local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
+    -- expire: a step wrote state whose expiry must move (IN_CONFIG); wrote:
+    -- a step wrote anything.
+    local expire, wrote = false, false
     --[[@load]]
-    -- The further rates: each one's capacity (limits) and steps, a function
-    -- of the step's name, 'wait', 'commit', 'report' or 'release'.
-    local limits, steps, longest
-    if rates then
-      longest = 0
-      for j = 2, #rates, 4 do
-        if rates[j] > longest then longest = rates[j] end
+    local limit = --[[@capacity]]
+    if decide then
+      if permits > limit then
+        retry = -1
+      else
+        --[[@wait]]
       end
-      local function other_rate(K, rate, interval, burst, buckets)
+    end
+    -- The further rates are read before anything is written: each one's
+    -- state goes into states, for its steps after the decision, and a
+    -- decision weighs its wait. Every rate must allow: a denial is bound by
+    -- the longest wait, or by the first rate that can never grant so many.
+    local suffixes, states, longest
+    if rates then
+      suffixes, states, longest = { '2', '3', '4' }, {}, 0 -- MAX_RATES
+      local most = wait
+      for i = 1, n / 4 do
+        local K, rate, interval, burst, buckets = suffixes[i], rates[4 * i - 3], rates[4 * i - 2], rates[4 * i - 1],
+            rates[4 * i]
+        if interval > longest then longest = interval end
         local s1, s2
         if IN_CONFIG then
-          local g = call(where, 'HMGET', where--[[@fields]])
+          local g = redis.pcall('HMGET', where--[[@fields]])
+          if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
           s1, s2 = g[1], g[2]
         end
         --[[@more_load]]
+        states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[@capacity]]
-        return limit, function(step)
-          local wait, remaining, reset, back = 0, 0, 0, 0
-          if step == 'wait' then
+        if decide and retry ~= -1 then
+          if permits > limit then
+            retry, bound = -1, i
+          else
+            local wait = 0
             --[[@more_wait]]
-            return wait
-          elseif step == 'commit' then
-            --[[@more_commit]]
-            return
-          elseif step == 'release' then
-            --[[@more_release]]
-            return back
+            if wait > most then
+              most = wait
+              if wait > 0 then bound = i end -- a grant is bound by what it leaves
+            end
           end
-          --[[@more_report]]
-          if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
-          return remaining, reset
         end
       end
-      limits, steps = {}, {}
-      local suffixes = { '2', '3', '4' } -- MAX_RATES
-      for j = 1, #rates, 4 do
-        local i = #steps + 1
-        limits[i], steps[i] = other_rate(suffixes[i], rates[j], rates[j + 1], rates[j + 2], rates[j + 3])
-      end
+      wait = most
     end
-    local reply, reset, wrote = 0, 0, false
-    if op == 'allow' then
+    local counted = false
+    if decide and retry ~= -1 then
       -- reply: 'allowed limit remaining retry reset window', integers in one
       -- string (one value for the client to read, not six): allowed 0 or 1,
       -- retry after µs (-1: never), reset after µs, window ms: the span
@@ -301,109 +259,108 @@ if op == 'allow' or op == 'release' then
       -- interval-ms burst buckets' each (the client works out their limits
       -- and windows: formatting them here would cost every call). Zero
       -- permits is a peek: it writes nothing.
-      local limit = --[[@capacity]]
-      local allowed, retry, wait, remaining, bound = 0, 0, 0, 0, 0
-      if permits > limit then
-        retry = -1
+      if wait <= 0 then
+        allowed = 1
+        if permits > 0 and (RECORDS or not LOG or first_run()) then
+          counted = true
+          --[[@commit]]
+          if counted then
+            --[[@write]]
+          end
+          wrote = counted
+        end
+      elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[6])) then
+        allowed = 1 -- a re-sent script whose first run was granted
       else
-        --[[@wait]]
+        retry = wait
       end
-      if steps then
-        -- Every rate must allow: a denial is bound by the longest wait.
-        for i = 1, #steps do
-          if permits > limits[i] then
-            if retry ~= -1 then retry, bound = -1, i end
-          elseif retry ~= -1 then
-            local w = steps[i]('wait')
-            if w > wait then
-              wait = w
-              if w > 0 then bound = i end -- a grant is bound by what it leaves
-            end
-          end
-        end
-      end
-      if retry ~= -1 then
-        if wait <= 0 then
-          allowed = 1
-          if permits > 0 and (RECORDS or not LOG or first_run()) then
-            local counted = true
-            --[[@commit]]
-            if counted then
-              wrote = true
-              if steps then
-                for i = 1, #steps do steps[i]('commit') end
-              end
-            end
-            if counted and kind == 1 then
-              -- The registry lets Delete, Reset and Expire reach every
-              -- client's keys. It lives as long as any client's state can: one
-              -- interval, or the time a funnel takes to drain when its burst
-              -- exceeds its rate, the longest of any rate's.
-              call(KEYS[REGISTRY], 'ZADD', KEYS[REGISTRY], NOW_MS, ARGV[5])
-              local life = math.max(interval, burst * interval / rate)
-              for j = 1, rates and #rates or 0, 4 do
-                life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
-              end
-              redis.call('PEXPIRE', KEYS[REGISTRY], expiry(life * 1000, KEYS[REGISTRY]))
-            end
-          end
-        elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[6])) then
-          allowed = 1 -- a re-sent script whose first run was granted
-        else
-          retry = wait
-        end
-      end
+    elseif not decide and (not LOG or first_run()) then
+      wrote = true
+      --[[@release]]
+      --[[@write]]
+    end
+    if decide or IN_CONFIG or rates then
       --[[@report]]
       if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
-      local window = limit * interval / rate
-      window = window + (-window) % 1
-      if steps then
-
-        for i = 1, #steps do
-          local left, reset_i = steps[i]('report')
-          if left < remaining then
-            remaining = left
-            if allowed == 1 then bound = i end
-          end
-          if reset_i > reset then reset = reset_i end
-        end
-        reply = string.format('%d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, bound) .. more
-      else
-        reply = string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
-      end
-    elseif not LOG or first_run() then
-      local back = 0
-      --[[@release]]
-      if steps then
-        -- Every rate gives back what it can; the state's expiry follows the
-        -- rate that is full again last.
-        local remaining = 0
-        --[[@report]]
-        for i = 1, #steps do
-          back = math.min(back, steps[i]('release'))
-          local _, reset_i = steps[i]('report')
-          if reset_i > reset then reset = reset_i end
-        end
-        wrote = true
-      end
-      reply = back
     end
-    if several and #pending > 0 then
-      redis.call('HSET', where, unpack(pending))
+    -- The further rates' steps, each from the state read before: a grant
+    -- counts in every one, a release gives back in every one, and the answer
+    -- is the smallest remaining and the longest reset.
+    if rates then
+      local least, latest, given = remaining, reset, back
+      for i = 1, n / 4 do
+        local K, rate, interval, burst, buckets = suffixes[i], rates[4 * i - 3], rates[4 * i - 2], rates[4 * i - 1],
+            rates[4 * i]
+        local s1, s2 = states[2 * i - 1], states[2 * i]
+        --[[@more_load]]
+        local limit = --[[@capacity]]
+        local remaining, reset, back = 0, 0, 0
+        if counted then
+          --[[@more_commit]]
+          --[[@more_write]]
+        elseif wrote then
+          --[[@more_release]]
+          --[[@more_write]]
+          if back < given then given = back end
+        end
+        --[[@more_report]]
+        if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+        if remaining < least then
+          least = remaining
+          if allowed == 1 then bound = i end
+        end
+        if reset > latest then latest = reset end
+      end
+      remaining, reset, back = least, latest, given
     end
-    if several and wrote and IN_CONFIG and (where ~= KEYS[1] or not stored) then
-      redis.call('PEXPIRE', where, expiry(math.max(reset, 1), where))
+    -- The state's expiry: a step that moved it, or with
+    -- several rates any write, has the hash expire when the last rate is
+    -- full again. KEYS[1] holding a stored config keeps the config's expiry
+    -- (none, Expire's, or the keep-alive below); another key never outlives
+    -- the config (Expire, ExpireAt).
+    local cap = stored and keepalive == 0 and (kind == 1 and counted or where ~= KEYS[1] and (expire or rates and wrote))
+        and redis.call('PTTL', KEYS[1])
+    if IN_CONFIG and (expire or rates and wrote) and (where ~= KEYS[1] or not stored) then
+      local ms = (reset + (-reset) % 1000) / 1000
+      if ms < 1 then ms = 1 end
+      if cap and cap > 0 and cap < ms then ms = cap end
+      redis.call('PEXPIRE', where, ms)
+    end
+    if counted and kind == 1 then
+      -- The registry lets Delete, Reset and Expire reach every client's
+      -- keys. It lives as long as any client's state can: one interval, or
+      -- the time a funnel takes to drain when its burst exceeds its rate,
+      -- the longest of any rate's.
+      local added = redis.pcall('ZADD', KEYS[REGISTRY], NOW_MS, ARGV[5])
+      if type(added) == 'table' then
+        error('REDLIMIT corrupt ' .. KEYS[REGISTRY] .. ': ' .. added.err, 0)
+      end
+      local life = math.max(interval, burst * interval / rate)
+      for j = 1, n, 4 do
+        life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
+      end
+      local ms = life + (-life) % 1
+      if cap and cap > 0 and cap < ms then ms = cap end
+      redis.call('PEXPIRE', KEYS[REGISTRY], ms)
     end
     if stored and keepalive > 0 and permits > 0 then
       -- Every acquire keeps the config alive, granted or denied: a saturated
       -- limiter is busy, not idle. State in the config hash keeps it alive as
       -- long as the state counts (a funnel whose burst drains slower).
       local ttl = keepalive
-      if op == 'allow' and IN_CONFIG and kind == 0 and reset > ttl * 1000 then
+      if decide and IN_CONFIG and kind == 0 and reset > ttl * 1000 then
         ttl = (reset + (-reset) % 1000) / 1000
       end
       redis.call('PEXPIRE', KEYS[1], ttl)
     end
-    return reply
+    if not decide then
+      return back
+    end
+    local window = limit * interval / rate
+    window = window + (-window) % 1
+    if rates then
+      return string.format('%d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, bound) .. more
+    end
+    return string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
   end
 end

@@ -17,10 +17,12 @@ rate
 -- interval change.
 local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
 if s1 or s2 then
-  stored_start = integer(where, 'window' .. K, s1, 0, MAX)
-  local stored_count = integer(where, 'count' .. K, s2, 0, MAX)
-  if stored_start == nil or stored_count == nil then
-    fail('corrupt ' .. where .. ': half a window')
+  stored_start = tonumber(s1 or '')
+  local stored_count = tonumber(s2 or '')
+  if not (stored_start and stored_count and stored_start % 1 + stored_count % 1 == 0
+        and stored_start >= 0 and stored_start <= MAX and stored_count >= 0 and stored_count <= MAX) then
+    error('REDLIMIT corrupt ' .. where .. ': fields window' .. K .. ', count' .. K .. ' = '
+      .. string.format('%q, %q', s1 or 'none', s2 or 'none'), 0)
   end
   if stored_start - stored_start % interval >= start then
     start, count = stored_start - stored_start % interval, stored_count
@@ -32,14 +34,7 @@ if count + permits > rate then
   wait = ends - NOW_US
 end
 --[[@commit]]
--- Within a window, a grant adds to the count and nothing else; a new
--- window's first one sets the key's expiry too.
 count = count + permits
-if start == stored_start then
-  redis.call('HINCRBY', where, 'count' .. K, permits)
-else
-  save(where, ends - NOW_US, 'window' .. K, start, 'count' .. K, count)
-end
 --[[@resent]]
 false
 --[[@report]]
@@ -50,12 +45,16 @@ end
 --[[@release]]
 back = math.min(permits, count)
 count = count - back
+--[[@write]]
+-- Within a window, a step writes the count and nothing else; a new
+-- window's first one writes its start and moves the key's expiry too.
 if count <= 0 then
   redis.call('HDEL', where, 'window' .. K, 'count' .. K)
 elseif start == stored_start then
-  redis.call('HINCRBY', where, 'count' .. K, -back)
+  redis.call('HSET', where, 'count' .. K, count)
 else
-  save(where, ends - NOW_US, 'window' .. K, start, 'count' .. K, count)
+  redis.call('HSET', where, 'window' .. K, start, 'count' .. K, count)
+  expire = true
 end
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'window', 'count' }, nil

@@ -17,7 +17,10 @@ emission = emission - emission % 1
 local tolerance = emission * burst
 local tat = NOW_US
 if s1 then
-  tat = integer(where, 'tat' .. K, s1, 0, MAX)
+  tat = tonumber(s1)
+  if not tat or tat % 1 ~= 0 or tat < 0 or tat > MAX then
+    error('REDLIMIT corrupt ' .. where .. ': field tat' .. K .. ' = ' .. string.format('%q', s1), 0)
+  end
   if tat < NOW_US then
     tat = NOW_US
   elseif tat > NOW_US + tolerance then
@@ -28,7 +31,6 @@ end
 wait = tat + emission * permits - tolerance - NOW_US
 --[[@commit]]
 tat = tat + emission * permits
-save(where, tat - NOW_US, 'tat' .. K, tat)
 --[[@resent]]
 false
 --[[@report]]
@@ -40,10 +42,13 @@ end
 --[[@release]]
 back = math.min(permits, math.floor((tat - NOW_US) / emission))
 tat = tat - back * emission
+--[[@write]]
+-- An empty funnel has no state.
 if tat <= NOW_US then
   redis.call('HDEL', where, 'tat' .. K)
 else
-  save(where, tat - NOW_US, 'tat' .. K, tat)
+  redis.call('HSET', where, 'tat' .. K, tat)
+  expire = true
 end
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'tat' }, nil

@@ -16,44 +16,6 @@
 --[[@capacity]]
 rate
 --[[@load]]
--- The functions below are made per rate (this rate's interval, buckets and
--- K), so they are part of its load, not helpers.
--- start_of returns when sub-window index begins, in ms (index × interval /
--- buckets, rounded up).
-local function start_of(index)
-  local start = index * interval / buckets
-  return start + (-start) % 1
-end
-
--- reset_after is when the newest of the live sub-windows (a flat list of
--- index, count, start triples, oldest first) leaves the window, in µs.
-local function reset_after(live)
-  if #live == 0 then
-    return 0
-  end
-  return start_of(live[#live - 2] + buckets) * 1000 - NOW_US
-end
-
--- store writes the sub-windows that still count; ttl_us as save's. Numbers
--- below 10^14 concatenate exactly (Redis formats them with %.14g): starts in
--- ms and their gaps do; a count may not.
-local function store(where, live, ttl_us)
-  local counts, before = nil, 0
-  for i = 1, #live, 3 do
-    if live[i + 1] > 0 then
-      local count = live[i + 1]
-      if count >= 1e14 then count = string.format('%d', count) end
-      local entry = (live[i + 2] - before) .. ':' .. count
-      if counts then counts = counts .. ',' .. entry else counts = entry end
-      before = live[i + 2]
-    end
-  end
-  if counts then
-    save(where, ttl_us, 'counts' .. K, counts)
-  else
-    redis.call('HDEL', where, 'counts' .. K)
-  end
-end
 -- live: the sub-windows that still count, as index, count, start triples,
 -- oldest first; total: their sum; current: this sub-window's index. Time
 -- never goes back: a request whose clock is behind the newest sub-window
@@ -67,13 +29,13 @@ if s1 then
   -- Digits only, so + 0 below cannot fail; starts stay below 2^53 / 1000
   -- so that start × buckets is exact.
   if string.find(s1, '[^%d:,]') then
-    fail('corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1))
+    error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
   end
   local start = 0
   for since, count in string.gmatch(s1, '(%d+):(%d+)') do
     start = start + since
     if start > MAX / 1000 then
-      fail('corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1))
+      error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
     end
     local index = start * buckets / interval
     index = index - index % 1
@@ -98,7 +60,9 @@ for i = 1, #entries, 3 do
   end
 end
 --[[@wait]]
--- Enough of the oldest sub-windows must leave the window.
+-- Enough of the oldest sub-windows must leave the window: the one that
+-- frees the last permit needed leaves when sub-window index + buckets
+-- begins (index × interval / buckets ms, rounded up).
 local need = total + permits - rate
 if need > 0 then
   wait = interval * 1000 -- not reached: permits <= rate, so the window holds enough to free
@@ -106,27 +70,32 @@ if need > 0 then
   for i = 1, #live, 3 do
     freed = freed + live[i + 1]
     if freed >= need then
-      wait = start_of(live[i] + buckets) * 1000 - NOW_US
+      local leaves = (live[i] + buckets) * interval / buckets
+      wait = (leaves + (-leaves) % 1) * 1000 - NOW_US
       break
     end
   end
 end
 --[[@commit]]
 -- The key's expiry moves only when the current sub-window is new.
-local ttl = nil
 if #live == 0 or live[#live - 2] ~= current then
+  local start = current * interval / buckets
   live[#live + 1] = current
   live[#live + 1] = 0
-  live[#live + 1] = start_of(current)
-  ttl = reset_after(live)
+  live[#live + 1] = start + (-start) % 1
+  expire = true
 end
 live[#live - 1] = live[#live - 1] + permits
 total = total + permits
-store(where, live, ttl)
 --[[@resent]]
 false
 --[[@report]]
-remaining, reset = rate - total, reset_after(live)
+-- Full again when the newest sub-window leaves the window.
+remaining = rate - total
+if #live > 0 then
+  local leaves = (live[#live - 2] + buckets) * interval / buckets
+  reset = (leaves + (-leaves) % 1) * 1000 - NOW_US
+end
 --[[@release]]
 -- Permits come back from the newest sub-windows first; those it empties
 -- go, so the state may expire sooner.
@@ -142,7 +111,25 @@ while #live > 0 and live[#live - 1] == 0 do
   table.remove(live)
   table.remove(live)
 end
-store(where, live, reset_after(live))
-back = permits - left
+back, expire = permits - left, true
+--[[@write]]
+-- The sub-windows that still count, as the field keeps them; none, and the
+-- field goes. Numbers below 10^14 concatenate exactly (Redis formats them
+-- with %.14g): starts in ms and their gaps do; a count may not.
+local counts, before = nil, 0
+for i = 1, #live, 3 do
+  if live[i + 1] > 0 then
+    local count = live[i + 1]
+    if count >= 1e14 then count = string.format('%d', count) end
+    local entry = (live[i + 2] - before) .. ':' .. count
+    if counts then counts = counts .. ',' .. entry else counts = entry end
+    before = live[i + 2]
+  end
+end
+if counts then
+  redis.call('HSET', where, 'counts' .. K, counts)
+else
+  redis.call('HDEL', where, 'counts' .. K)
+end
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'counts' }, nil

@@ -130,6 +130,8 @@ end
 if s.changed or s.aged > 0 then
   store(s, s.reset or reset_after(s))
 end
+--[[@write]]
+-- Nothing: each step writes Redisson's keys itself.
 --[[@resent]]
 redis.call('ZSCORE', s.log, record(permits)) ~= false
 --[[@report]]
@@ -166,18 +168,25 @@ back = permits - left
 -- '%016d:%d' (zero-padded, so that members of one ms sort by the total). A
 -- rate's usage is the newest total less the total before its oldest grant
 -- in the window: two lookups, however many grants the window holds.
+-- The rate's steps after the decision load it again: the usage found
+-- before is kept in s1.
 local grants, cutoff = KEYS[4 + kind * (REQUESTS - 1)], NOW_MS - interval
 local total, last, used = 0, 0, 0
 newest_grant = newest_grant or call(grants, 'ZRANGE', grants, -1, -1, 'WITHSCORES')
 local newest = newest_grant
 if #newest > 0 then
   total, last = running(grants, newest[1]), tonumber(newest[2])
-  local oldest = redis.call('ZRANGEBYSCORE', grants, '(' .. cutoff, '+inf', 'LIMIT', 0, 1)
-  if #oldest > 0 then
-    local after, n = running(grants, oldest[1])
-    used = total - (after - n)
+  if s1 then
+    used = s1
+  else
+    local oldest = redis.call('ZRANGEBYSCORE', grants, '(' .. cutoff, '+inf', 'LIMIT', 0, 1)
+    if #oldest > 0 then
+      local after, n = running(grants, oldest[1])
+      used = total - (after - n)
+    end
   end
 end
+s1 = used
 --[[@more_wait]]
 -- Enough of the oldest grants in the window must leave it: records of one
 -- permit or more, so need records at most.
