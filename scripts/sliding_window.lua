@@ -24,41 +24,50 @@ rate
 -- has been dropped as stale already.
 local current = NOW_MS * buckets / interval
 current = current - current % 1
-local entries, live, total = {}, {}, 0
-if s1 then
-  -- Digits only, so + 0 below cannot fail; starts stay below 2^53 / 1000
-  -- so that start × buckets is exact.
-  if string.find(s1, '[^%d:,]') then
-    error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
-  end
-  local start = 0
-  for since, count in string.gmatch(s1, '(%d+):(%d+)') do
-    start = start + since
-    if start > MAX / 1000 then
+local live, total = {}, 0
+if K ~= '' and type(s1) == 'table' then
+  -- A further rate loaded again after the decision gets back what it
+  -- loaded before (common.lua keeps s1 and s2, set below).
+  live, total = s1, s2
+  if #live > 0 and live[#live - 2] > current then current = live[#live - 2] end
+else
+  local entries = {}
+  if s1 then
+    -- Digits only, so + 0 below cannot fail; starts stay below 2^53 / 1000
+    -- so that start × buckets is exact.
+    if string.find(s1, '[^%d:,]') then
       error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
     end
-    local index = start * buckets / interval
-    index = index - index % 1
-    entries[#entries + 1] = index
-    entries[#entries + 1] = count + 0
-    entries[#entries + 1] = start
-    if index > current then current = index end
-  end
-end
--- Keep the live ones; after an interval change two may share an index.
-for i = 1, #entries, 3 do
-  if entries[i] > current - buckets then
-    if #live > 0 and live[#live - 2] == entries[i] then
-      live[#live - 1] = live[#live - 1] + entries[i + 1]
-      live[#live] = entries[i + 2]
-    else
-      live[#live + 1] = entries[i]
-      live[#live + 1] = entries[i + 1]
-      live[#live + 1] = entries[i + 2]
+    local start = 0
+    for since, count in string.gmatch(s1, '(%d+):(%d+)') do
+      start = start + since
+      if start > MAX / 1000 then
+        error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
+      end
+      local index = start * buckets / interval
+      index = index - index % 1
+      entries[#entries + 1] = index
+      entries[#entries + 1] = count + 0
+      entries[#entries + 1] = start
+      if index > current then current = index end
     end
-    total = total + entries[i + 1]
+  end
+  -- Keep the live ones; after an interval change two may share an index.
+  for i = 1, #entries, 3 do
+    if entries[i] > current - buckets then
+      if #live > 0 and live[#live - 2] == entries[i] then
+        live[#live - 1] = live[#live - 1] + entries[i + 1]
+        live[#live] = entries[i + 2]
+      else
+        live[#live + 1] = entries[i]
+        live[#live + 1] = entries[i + 1]
+        live[#live + 1] = entries[i + 2]
+      end
+      total = total + entries[i + 1]
+    end
   end
 end
+s1, s2 = live, total
 --[[@wait]]
 -- Enough of the oldest sub-windows must leave the window: the one that
 -- frees the last permit needed leaves when sub-window index + buckets
