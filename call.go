@@ -29,7 +29,7 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 	if !cached {
 		var reply any
 		if reply, err = l.eval(ctx, request{op: opAllow, permits: permits}); err == nil {
-			r, err = parseResult(reply)
+			r, err = parseResult(reply, l.dflt)
 		}
 		if err == nil && c.denials != nil && permits > 0 {
 			c.denials.store(l.denialKey, permits, r, c.clock())
@@ -199,15 +199,21 @@ func missingClients(reply any) ([]string, bool) {
 
 // parseResult reads decide's reply (scripts/common.lua): integers in one
 // string, so that the client reads one value, not many. Six for a config of
-// one rate; with several, then the bound rate's index and each further
-// rate's rate, interval, burst and buckets, from which quota works out
-// their Quotas.
-func parseResult(reply any) (Result, error) {
+// one rate; four when the handle's default dflt decided, whose limit and
+// window the client works out; with several rates, then the bound rate's
+// index and each further rate's rate, interval, burst and buckets, from
+// which quota works out their Quotas.
+func parseResult(reply any, dflt Config) (Result, error) {
 	s, ok := reply.(string)
 	var n [7 + 4*(maxRates-1)]int64
 	fields := 1 + strings.Count(s, " ")
-	if !ok || fields != 6 && (fields < 7+4 || fields > len(n) || (fields-7)%4 != 0) || !spaced(s, n[:fields]) {
+	if !ok || fields != 4 && fields != 6 && (fields < 7+4 || fields > len(n) || (fields-7)%4 != 0) ||
+		fields == 4 && dflt.Rate < 1 || !spaced(s, n[:fields]) {
 		return Result{}, unexpected(reply)
+	}
+	if fields == 4 {
+		q := quota(dflt.Rate, dflt.Interval.Milliseconds(), dflt.Burst)
+		n[1], n[2], n[3], n[4], n[5] = q.Limit, n[1], n[2], n[3], q.Window.Milliseconds()
 	}
 	r := Result{
 		Allowed:    n[0] == 1,

@@ -874,12 +874,18 @@ func TestTryAcquireWithin(t *testing.T) {
 func TestReplyShapes(t *testing.T) {
 	for _, reply := range []any{nil, "x", "", int64(1), []any{}, []any{int64(1)}, "1 2 3 4 5", "1 2 3 4 5 6 7", "1  2 3 4 5 6", "1 2 3 4 5 6 ", "1.5 2 3 4 5 6", "1 2 3 4 5 x",
 		[]any{int64(0), int64(10), int64(3), int64(-1), int64(1500), int64(60000)}} {
-		_, err := parseResult(reply)
+		_, err := parseResult(reply, Config{})
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
 	}
-	r, err := parseResult("0 10 3 -1 1500 60000")
+	r, err := parseResult("0 10 3 -1 1500 60000", Config{})
 	require.NoError(t, err)
 	assert.Equal(t, Result{Limit: 10, Remaining: 3, RetryAfter: -1, ResetAfter: 1500 * time.Microsecond, Window: time.Minute}, r)
+	// The short reply of a handle's default: the limit and window are the default's.
+	_, err = parseResult("1 7 0 2000", Config{})
+	assert.ErrorIs(t, err, ErrUnexpectedReply, "a short reply needs the handle's default")
+	r, err = parseResult("1 7 0 2000", Config{Rate: 10, Interval: time.Second, Burst: 25})
+	require.NoError(t, err)
+	assert.Equal(t, Result{Allowed: true, Limit: 25, Remaining: 7, ResetAfter: 2 * time.Millisecond, Window: 2500 * time.Millisecond}, r)
 	for _, reply := range []any{[]any{"missing"}, []any{"missing", "x"}, []any{"missing", []any{int64(1)}}} {
 		_, ok := missingClients(reply)
 		assert.False(t, ok, "%#v", reply)

@@ -143,7 +143,7 @@ func FuzzParseResult(f *testing.F) {
 	f.Add([]byte{2, 0, 3})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		reply := fuzzReply(&data, 0)
-		r, err := parseResult(reply)
+		r, err := parseResult(reply, Config{Rate: 10, Interval: time.Second})
 		if err == nil && (r.Limit < 0 && r.Limit != r.Limit) {
 			t.Fatal("unreachable")
 		}

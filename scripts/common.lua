@@ -155,9 +155,13 @@ if op == 'allow' or op == 'release' then
   -- (Throttle's) even over a stored one, which must still be sound. Go
   -- wrote it: a '0' needs no converting.
   if ok and ARGV[4] ~= '' and (not stored or string.sub(ARGV[4], 1, 6) == 'fixed ') then
-    local r, i, t, b, bk, ka, rest = string.match(ARGV[4], '^%a+ (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
-    rate, interval, kind, more = r + 0, i + 0, t == '1' and 1 or 0, rest
-    burst, buckets, keepalive = b == '0' and 0 or b + 0, bk == '0' and 0 or bk + 0, ka == '0' and 0 or ka + 0
+    local r, i, options, rest = string.match(ARGV[4], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
+    rate, interval, more = r + 0, i + 0, rest
+    kind, burst, buckets, keepalive = 0, 0, 0, 0
+    if options ~= '0 0 0 0' then -- Overall, no burst, buckets or keep-alive: most defaults
+      local t, b, bk, ka = string.match(options, '^(%d+) (%d+) (%d+) (%d+)$')
+      kind, burst, buckets, keepalive = t + 0, b + 0, bk + 0, ka + 0
+    end
   end
   -- The further rates, flat: rate, interval, burst, buckets of each (n
   -- numbers). Each match starts where the last one ended, so the checks
@@ -250,7 +254,8 @@ if op == 'allow' or op == 'release' then
     local counted = false
     if decide and retry ~= -1 then
       -- reply: 'allowed limit remaining retry reset window', integers in one
-      -- string (one value for the client to read, not six): allowed 0 or 1,
+      -- string (one value for the client to read, not six), or 'allowed
+      -- remaining retry reset' when the handle's default decided: allowed 0 or 1,
       -- retry after µs (-1: never), reset after µs, window ms: the span
       -- limit applies to, the interval or the time a funnel's burst takes to
       -- drain. With several rates, limit and window are still the first
@@ -355,6 +360,11 @@ if op == 'allow' or op == 'release' then
     end
     if not decide then
       return back
+    end
+    if not stored and not rates and string.byte(ARGV[4], 1) == 100 then
+      -- The handle's default decided ('default …'): its client knows the
+      -- limit and window, so the reply leaves them out.
+      return string.format('%d %d %d %d', allowed, remaining, retry, reset)
     end
     local window = limit * interval / rate
     window = window + (-window) % 1
