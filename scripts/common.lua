@@ -253,17 +253,7 @@ if op == 'allow' or op == 'release' then
     end
     local counted = false
     if decide and retry ~= -1 then
-      -- reply: 'allowed limit remaining retry reset window', integers in one
-      -- string (one value for the client to read, not six), or 'allowed
-      -- remaining retry reset' when the handle's default decided: allowed 0 or 1,
-      -- retry after µs (-1: never), reset after µs, window ms: the span
-      -- limit applies to, the interval or the time a funnel's burst takes to
-      -- drain. With several rates, limit and window are still the first
-      -- rate's, and follow: the index of the rate that bound the answer (0
-      -- for the first) and the further rates as more holds them, 'rate
-      -- interval-ms burst buckets' each (the client works out their limits
-      -- and windows: formatting them here would cost every call). Zero
-      -- permits is a peek: it writes nothing.
+      -- Zero permits is a peek: it writes nothing.
       if wait <= 0 then
         allowed = 1
         if permits > 0 and (RECORDS or not LOG or first_run()) then
@@ -318,11 +308,11 @@ if op == 'allow' or op == 'release' then
       end
       remaining, reset, back = least, latest, given
     end
-    -- The state's expiry: a step that moved it, or with
-    -- several rates any write, has the hash expire when the last rate is
-    -- full again. KEYS[1] holding a stored config keeps the config's expiry
-    -- (none, Expire's, or the keep-alive below); another key never outlives
-    -- the config (Expire, ExpireAt).
+    -- The state's expiry: a step that moved it, or with several rates any
+    -- write, has the hash expire when the last rate is full again. KEYS[1]
+    -- holding a stored config keeps the config's expiry (none, Expire's, or
+    -- the keep-alive below); another key never outlives the config (Expire,
+    -- ExpireAt).
     local cap = stored and keepalive == 0 and (kind == 1 and counted or where ~= KEYS[1] and (expire or rates and wrote))
         and redis.call('PTTL', KEYS[1])
     if IN_CONFIG and (expire or rates and wrote) and (where ~= KEYS[1] or not stored) then
@@ -361,9 +351,18 @@ if op == 'allow' or op == 'release' then
     if not decide then
       return back
     end
+    -- The reply: 'allowed limit remaining retry reset window', integers in
+    -- one string (one value for the client to read, not six): allowed 0 or
+    -- 1, retry after µs (-1: never), reset after µs, window ms: the span
+    -- limit applies to, the interval or the time a funnel's burst takes to
+    -- drain. When the handle's default decided ('default …'), its client
+    -- knows the limit and window: 'allowed remaining retry reset'. With
+    -- several rates, limit and window are still the first rate's, and
+    -- follow: the index of the rate that bound the answer (0 for the first)
+    -- and the further rates as more holds them, 'rate interval-ms burst
+    -- buckets' each (the client works out their limits and windows:
+    -- formatting them here would cost every call).
     if not stored and not rates and string.byte(ARGV[4], 1) == 100 then
-      -- The handle's default decided ('default …'): its client knows the
-      -- limit and window, so the reply leaves them out.
       return string.format('%d %d %d %d', allowed, remaining, retry, reset)
     end
     local window = limit * interval / rate
