@@ -83,3 +83,101 @@ func TestEveryKeyStartsWithThePrefix(t *testing.T) {
 		})
 	}
 }
+
+// A limiter with no stored config keeps one rate's Overall state as a plain
+// string (common.lua's flat state), written with its expiry; every op reads
+// it, a handle with several rates turns it into fields of the hash, and
+// SetRate into fields of the config hash, keeping its usage.
+func TestFlatState(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		if !a.namesItself {
+			t.Skip("the token bucket keeps Redisson's layout")
+		}
+		ctx := context.Background()
+		clk := newClock()
+		c := newClient(rdb, clk)
+		name := uniqueName(t)
+		l := a.new(c, name).WithDefault(tenPer10s)
+		_, err := l.Allow(ctx, 3)
+		require.NoError(t, err)
+		// The epoch starts a window and a sub-window; a funnel of 10 per
+		// 10s takes 1s per permit to drain.
+		ms := clk.Now().UnixMilli()
+		want := map[string]struct {
+			value string
+			ttl   time.Duration
+		}{
+			"funnel":         {fmt.Sprint(clk.Now().UnixMicro() + 3_000_000), 3 * time.Second},
+			"fixed_window":   {fmt.Sprintf("%d 3", ms), 10 * time.Second},
+			"sliding_window": {fmt.Sprintf("%d:3", ms), 10 * time.Second},
+		}[a.name]
+		assert.Equal(t, "string", rdb.Type(ctx, l.Name()).Val())
+		assert.Equal(t, want.value, rdb.Get(ctx, l.Name()).Val())
+		assertTTL := func(want time.Duration) {
+			t.Helper()
+			ttl := rdb.PTTL(ctx, l.Name()).Val()
+			assert.True(t, ttl <= want && ttl > want-time.Second, "ttl %v, want %v", ttl, want)
+		}
+		assertTTL(want.ttl)
+		_, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		if a.name == "funnel" {
+			want.ttl += time.Second // the windows' expiry stays where their (sub-)window ends
+		}
+		assertTTL(want.ttl)
+		assertAvailable(t, l, 6)
+		cfg, err := l.Config(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, tenPer10s, cfg, "no config stored: the default")
+		left, err := l.RemainTimeToLive(ctx)
+		require.NoError(t, err)
+		assert.True(t, left > want.ttl-time.Second && left <= want.ttl, "RemainTimeToLive %v", left)
+
+		// Another handle with two rates: the state becomes the hash's fields,
+		// and both handles count in it.
+		two := a.new(c, name).WithDefault(tenPer10s.And(PerMinute(100)))
+		_, err = two.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.Equal(t, "hash", rdb.Type(ctx, l.Name()).Val())
+		assertAvailable(t, l, 5)
+		_, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assertAvailable(t, two, 4)
+
+		// Released to nothing, a flat state goes.
+		m := a.new(c, uniqueName(t)).WithDefault(tenPer10s)
+		_, err = m.Allow(ctx, 2)
+		require.NoError(t, err)
+		require.NoError(t, m.Release(ctx, 2))
+		assert.Zero(t, rdb.Exists(ctx, m.Name()).Val(), "released to full: no key")
+
+		// Expire, Reset and Delete act on it; a corrupt one is refused, untouched.
+		_, err = m.Allow(ctx, 2)
+		require.NoError(t, err)
+		ok, err := m.Expire(ctx, 500*time.Millisecond)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.LessOrEqual(t, rdb.PTTL(ctx, m.Name()).Val(), 500*time.Millisecond)
+		require.NoError(t, m.Reset(ctx))
+		assert.Zero(t, rdb.Exists(ctx, m.Name()).Val(), "Reset")
+		_, err = m.Allow(ctx, 2)
+		require.NoError(t, err)
+		ok, err = m.Delete(ctx)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Zero(t, rdb.Exists(ctx, m.Name()).Val(), "Delete")
+		rdb.Set(ctx, m.Name(), "x", time.Minute)
+		_, err = m.Allow(ctx, 1)
+		assert.ErrorIs(t, err, ErrCorruptState)
+		assert.Equal(t, "x", rdb.Get(ctx, m.Name()).Val())
+
+		// SetRate turns it into fields of the config hash and keeps its usage.
+		s := a.new(c, uniqueName(t)).WithDefault(tenPer10s)
+		_, err = s.Allow(ctx, 3)
+		require.NoError(t, err)
+		require.NoError(t, s.SetRate(ctx, tenPer10s))
+		assert.Equal(t, "hash", rdb.Type(ctx, s.Name()).Val())
+		assert.Equal(t, time.Duration(-1), rdb.PTTL(ctx, s.Name()).Val(), "a stored config does not expire")
+		assertAvailable(t, s, 7)
+	})
+}

@@ -97,9 +97,35 @@ local function keep_usage(key, old, new)
   end
 end
 
+-- flat says whether KEYS[1] holds a flat state (common.lua): no config.
+local function flat()
+  return IN_CONFIG and redis.call('TYPE', KEYS[1]).ok == 'string'
+end
+
+-- flat_fields reads a flat state as the hash fields it encodes, field and
+-- value alternating, or nil when KEYS[1] holds none. Each field is one
+-- space-separated part, of digits (the sliding window's also ':' and ','),
+-- as the algorithm's encode writes it; anything else is corrupt.
+local function flat_fields()
+  if not flat() then
+    return nil
+  end
+  local value, fields = redis.call('GET', KEYS[1]), {}
+  for part in string.gmatch(value, '[^ ]+') do
+    fields[#fields + 1], fields[#fields + 2] = FIELDS[#fields / 2 + 1] or '', part
+  end
+  if #fields ~= 2 * #FIELDS or string.find(value, '[^%d:, ]') then
+    fail('corrupt ' .. KEYS[1] .. ': ' .. string.format('%q', value))
+  end
+  return fields
+end
+
 -- read_config reads the limiter's config: the stored one (nil when there is
 -- none) and the fields as HMGET read them.
 local function read_config()
+  if flat() then
+    return nil, {}
+  end
   local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
     'algorithm', 'more')
   if not f[1] and not f[2] and not f[7] then
@@ -193,7 +219,9 @@ end
 
 -- delete_state forgets all usage: every client's, and the request log.
 local function delete_state()
-  if IN_CONFIG then
+  if flat() then
+    redis.call('DEL', KEYS[1])
+  elseif IN_CONFIG then
     redis.call('HDEL', KEYS[1], unpack(RATE_FIELDS))
   end
   redis.call('DEL', KEYS[REGISTRY], KEYS[REQUESTS], unpack(separate_state_keys()))
@@ -282,14 +310,22 @@ if op == 'set' or op == 'tryset' then
     return 0
   end
   -- Check every state key before writing anything: bad state leaves all as it was.
+  local fields = flat_fields()
   for group = 0, groups() - 1 do
     for i, key in ipairs(state_keys(group)) do
       local t = redis.call('TYPE', key)['ok']
       local want = TYPES[i]
-      if t ~= 'none' and t ~= want then
+      if t ~= 'none' and t ~= want and not (key == KEYS[1] and fields) then
         fail('corrupt ' .. key .. ': a ' .. t .. ', not a ' .. want)
       end
     end
+  end
+  if fields then
+    -- A flat state becomes the config hash's fields. SET comes first: Redis
+    -- refuses a script's first write when out of memory, and never DEL.
+    redis.call('SET', KEYS[1], '', 'KEEPTTL')
+    redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[1], unpack(fields))
   end
   write_config(new)
   stored = true

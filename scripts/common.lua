@@ -17,7 +17,9 @@
 --
 -- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
 --          keepAliveTime ms as Redisson keeps them; burst, buckets and
---          algorithm for ours) and, when IN_CONFIG, the Overall state too
+--          algorithm for ours) and, when IN_CONFIG, the Overall state too;
+--          or, when IN_CONFIG and no config is stored, a flat state: one
+--          rate's Overall state as a string (encode's), with its expiry
 -- KEYS[2 ..]  the Overall state keys, N of them (none when IN_CONFIG)
 -- KEYS[REGISTRY]  client registry: zset of PerClient ids, score = last grant in ms
 -- KEYS[REQUESTS]  request log: zset of recent request ids, score = when forgotten in ms
@@ -66,22 +68,28 @@
 --   commit    counts a grant in the locals; sets counted = false for a grant
 --             recorded already (a re-sent script)
 --   release   gives back up to permits in the locals; sets back
---   write     writes the locals a commit or release left (HSET, or HDEL
---             when nothing is left) and sets expire when the state's expiry
---             must move; the skeleton sets the expiry, once
+--   encode    sets value, the state a commit or release left as one string
+--             (a flat state: its fields' values, space-separated), nil when
+--             nothing is left, and expire when the state's expiry must move
+--   write     writes the state as fields (HSET, or HDEL when nothing is
+--             left); where expire is set, every field. The skeleton writes
+--             a flat state and sets the expiry, once
+--   decode    sets s1 and s2 from flat, a flat state (IN_CONFIG)
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
 --   admin     admin.lua's: TYPES (each state key's Redis type), FIELDS
 --             (the state's hash fields) and settle(keys), which brings the
 --             state in line after a rate change, or nil
---   more_load, more_wait, more_commit, more_write, more_report, more_release:
+--   more_load, more_wait, more_commit, more_encode, more_write, more_report,
+--   more_release:
 --             a further rate's steps when they differ from the first rate's
 --             (the token bucket's: Redisson's layout holds its first rate only)
 --   tools_before, tools_after: tools.lua, at one of the two (script.go)
 --
 -- Every number written or returned is an integer: Lua numbers are doubles and
 -- Redis truncates returned floats. A number given to redis.call is written
--- with %.17g, exact below 2^53; .. writes %.14g, exact below 10^14 only.
+-- with %.17g, exact below 2^53, and string.format's %d writes it exactly for
+-- less; .. writes %.14g, exact below 10^14 only.
 -- Errors are raised as plain strings
 -- 'REDLIMIT …' at level 0 (no position); Redis and miniredis wrap them each
 -- their own way, and script.go takes the message back out. The decision
@@ -130,12 +138,25 @@ end
 -- The decision (allow) and its inverse (release). A config that is missing
 -- or fails a check here goes on to admin.lua, which says what is wrong.
 if op == 'allow' or op == 'release' then
+  -- KEYS[1] is a hash, or, for an IN_CONFIG algorithm, a flat state: while
+  -- no config is stored, one rate's Overall state as a plain string (the
+  -- encode section's), which GET reads and SET … PX writes at less cost
+  -- than HMGET, HSET and PEXPIRE. Its type tells which.
+  local shape = IN_CONFIG and redis.call('TYPE', KEYS[1]).ok or 'hash'
   -- f: rate, interval, type, keepAliveTime, algorithm, more, then burst
-  -- (BURST) or buckets (BUCKETS), then the state's fields.
-  local f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
-    --[[@own_config]]--[[@fields]])
-  if f.err then error('REDLIMIT corrupt ' .. KEYS[1] .. ': ' .. f.err, 0) end
-  stored = f[1] or f[2] or f[5]
+  -- (BURST) or buckets (BUCKETS), then the state's fields; flat: the flat
+  -- state, or nil.
+  local f, flat
+  if shape == 'hash' then
+    f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
+      --[[@own_config]]--[[@fields]])
+    if f.err then error('REDLIMIT corrupt ' .. KEYS[1] .. ': ' .. f.err, 0) end
+    stored = f[1] or f[2] or f[5]
+  elseif shape == 'string' then
+    flat = redis.call('GET', KEYS[1])
+  elseif shape ~= 'none' then
+    error('REDLIMIT corrupt ' .. KEYS[1] .. ': a ' .. shape .. ', not a hash', 0)
+  end
   local ok, more = not stored and ARGV[4] ~= '', nil
   local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
   if stored then
@@ -194,7 +215,15 @@ if op == 'allow' or op == 'release' then
   if ok then
     if burst == 0 then burst = rate end
     if buckets == 0 then buckets = 10 end
-    local where, s1, s2 = KEYS[1], f[S], f[S + 1]
+    local where, s1, s2 = KEYS[1], nil, nil
+    if f then
+      s1, s2 = f[S], f[S + 1]
+    elseif flat then
+      --[[@decode]]
+    end
+    -- The state is written flat when it can be: see shape above. A flat
+    -- state met with several rates becomes fields when they write.
+    local flat_write = not f and kind == 0 and not rates
     if IN_CONFIG and kind == 1 then
       where = KEYS[REQUESTS + 1]
       local g = redis.pcall('HMGET', where--[[@fields]])
@@ -203,9 +232,10 @@ if op == 'allow' or op == 'release' then
     end
     local permits, decide = ARGV[3] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
-    -- expire: a step wrote state whose expiry must move (IN_CONFIG); wrote:
-    -- a step wrote anything.
-    local expire, wrote = false, false
+    -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
+    -- then writes every field; wrote: a step wrote anything; value: the
+    -- state as encode left it.
+    local expire, wrote, value = false, false, nil
     --[[@load]]
     local limit = --[[@capacity]]
     if decide then
@@ -228,7 +258,7 @@ if op == 'allow' or op == 'release' then
             rates[4 * i]
         if interval > longest then longest = interval end
         local s1, s2
-        if IN_CONFIG then
+        if IN_CONFIG and (f or where ~= KEYS[1]) then -- a flat state is one rate's
           local g = redis.pcall('HMGET', where--[[@fields]])
           if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
           s1, s2 = g[1], g[2]
@@ -260,7 +290,14 @@ if op == 'allow' or op == 'release' then
           counted = true
           --[[@commit]]
           if counted then
-            --[[@write]]
+            --[[@encode]]
+            if not flat_write then
+              if flat and where == KEYS[1] then
+                redis.call('DEL', KEYS[1])
+                expire = true
+              end
+              --[[@write]]
+            end
           end
           wrote = counted
         end
@@ -272,7 +309,14 @@ if op == 'allow' or op == 'release' then
     elseif not decide and (not LOG or first_run()) then
       wrote = true
       --[[@release]]
-      --[[@write]]
+      --[[@encode]]
+      if not flat_write then
+        if flat and where == KEYS[1] then
+          redis.call('DEL', KEYS[1])
+          expire = true
+        end
+        --[[@write]]
+      end
     end
     if decide or IN_CONFIG or rates then
       --[[@report]]
@@ -292,9 +336,11 @@ if op == 'allow' or op == 'release' then
         local remaining, reset, back = 0, 0, 0
         if counted then
           --[[@more_commit]]
+          --[[@more_encode]]
           --[[@more_write]]
         elseif wrote then
           --[[@more_release]]
+          --[[@more_encode]]
           --[[@more_write]]
           if back < given then given = back end
         end
@@ -309,17 +355,25 @@ if op == 'allow' or op == 'release' then
       remaining, reset, back = least, latest, given
     end
     -- The state's expiry: a step that moved it, or with several rates any
-    -- write, has the hash expire when the last rate is full again. KEYS[1]
-    -- holding a stored config keeps the config's expiry (none, Expire's, or
-    -- the keep-alive below); another key never outlives the config (Expire,
-    -- ExpireAt).
+    -- write, has the hash expire when the last rate is full again, and a
+    -- flat state is written with its expiry. KEYS[1] holding a stored
+    -- config keeps the config's expiry (none, Expire's, or the keep-alive
+    -- below); another key never outlives the config (Expire, ExpireAt).
     local cap = stored and keepalive == 0 and (kind == 1 and counted or where ~= KEYS[1] and (expire or rates and wrote))
         and redis.call('PTTL', KEYS[1])
-    if IN_CONFIG and (expire or rates and wrote) and (where ~= KEYS[1] or not stored) then
-      local ms = (reset + (-reset) % 1000) / 1000
-      if ms < 1 then ms = 1 end
+    local ms = (reset + (-reset) % 1000) / 1000
+    if ms < 1 then ms = 1 end
+    if flat_write then
+      if value and expire then
+        redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ms))
+      elseif value then
+        redis.call('SET', KEYS[1], value, 'KEEPTTL')
+      elseif wrote and flat then
+        redis.call('DEL', KEYS[1])
+      end
+    elseif IN_CONFIG and (expire or rates and wrote) and (where ~= KEYS[1] or not stored) then
       if cap and cap > 0 and cap < ms then ms = cap end
-      redis.call('PEXPIRE', where, ms)
+      redis.call('PEXPIRE', where, string.format('%d', ms))
     end
     if counted and kind == 1 then
       -- The registry lets Delete, Reset and Expire reach every client's

@@ -1,7 +1,7 @@
 -- Fixed window: at most rate permits per window of interval, windows aligned
 -- to the Unix epoch so every instance agrees where one starts.
--- State: fields window (its start in ms) and count (permits granted in it);
--- they expire with their window. Sections: see common.lua.
+-- State: fields window (its start in ms) and count (permits granted in it),
+-- or a flat state 'window count'; they expire with their window. Sections: see common.lua.
 
 --[[@helpers]]
 
@@ -45,16 +45,21 @@ end
 --[[@release]]
 back = math.min(permits, count)
 count = count - back
+--[[@decode]]
+-- A flat state is 'start count'; anything else fails load's checks.
+s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
+--[[@encode]]
+-- A new window's first step moves the state's expiry; the others keep it.
+value = count > 0 and string.format('%d %d', start, count) or nil
+expire = count > 0 and start ~= stored_start
 --[[@write]]
--- Within a window, a step writes the count and nothing else; a new
--- window's first one writes its start and moves the key's expiry too.
+-- Within a window, a step writes the count and nothing else.
 if count <= 0 then
   redis.call('HDEL', where, 'window' .. K, 'count' .. K)
-elseif start == stored_start then
-  redis.call('HSET', where, 'count' .. K, count)
+elseif not expire then
+  redis.call('HSET', where, 'count' .. K, string.format('%d', count))
 else
-  redis.call('HSET', where, 'window' .. K, start, 'count' .. K, count)
-  expire = true
+  redis.call('HSET', where, 'window' .. K, string.format('%d', start), 'count' .. K, string.format('%d', count))
 end
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'window', 'count' }, nil

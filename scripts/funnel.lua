@@ -1,5 +1,6 @@
 -- Funnel: GCRA as redis-cell's CL.THROTTLE computes it, in microseconds.
--- State: field tat, the theoretical arrival time in µs. Rate permits drain
+-- State: field tat, the theoretical arrival time in µs (a flat state: the
+-- same number alone). Rate permits drain
 -- per interval and burst is the capacity; the state expires when the funnel
 -- is empty again. Sections: see common.lua.
 
@@ -42,13 +43,17 @@ end
 --[[@release]]
 back = math.min(permits, math.floor((tat - NOW_US) / emission))
 tat = tat - back * emission
+--[[@decode]]
+s1 = flat
+--[[@encode]]
+-- An empty funnel has no state; every other moves its expiry.
+value = tat > NOW_US and string.format('%d', tat) or nil
+expire = value ~= nil
 --[[@write]]
--- An empty funnel has no state.
-if tat <= NOW_US then
-  redis.call('HDEL', where, 'tat' .. K)
+if value then
+  redis.call('HSET', where, 'tat' .. K, value)
 else
-  redis.call('HSET', where, 'tat' .. K, tat)
-  expire = true
+  redis.call('HDEL', where, 'tat' .. K)
 end
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'tat' }, nil

@@ -4,7 +4,8 @@
 -- rate grants.
 -- State: field counts, the live sub-windows oldest first, each as
 -- 'start:count' with start in ms, the first absolute and each next one as
--- the ms since the one before ('1700000000000:3,1000:5'). Starts, not
+-- the ms since the one before ('1700000000000:3,1000:5'; a flat state is
+-- the same string). Starts, not
 -- indexes, keep their place in time across an interval change. The state
 -- expires when the newest sub-window leaves the window. Sections: see
 -- common.lua.
@@ -121,22 +122,26 @@ while #live > 0 and live[#live - 1] == 0 do
   table.remove(live)
 end
 back, expire = permits - left, true
---[[@write]]
+--[[@decode]]
+s1 = flat
+--[[@encode]]
 -- The sub-windows that still count, as the field keeps them; none, and the
 -- field goes. Numbers below 10^14 concatenate exactly (Redis formats them
 -- with %.14g): starts in ms and their gaps do; a count may not.
-local counts, before = nil, 0
+value = nil
+local before = 0
 for i = 1, #live, 3 do
   if live[i + 1] > 0 then
     local count = live[i + 1]
     if count >= 1e14 then count = string.format('%d', count) end
     local entry = (live[i + 2] - before) .. ':' .. count
-    if counts then counts = counts .. ',' .. entry else counts = entry end
+    if value then value = value .. ',' .. entry else value = entry end
     before = live[i + 2]
   end
 end
-if counts then
-  redis.call('HSET', where, 'counts' .. K, counts)
+--[[@write]]
+if value then
+  redis.call('HSET', where, 'counts' .. K, value)
 else
   redis.call('HDEL', where, 'counts' .. K)
 end

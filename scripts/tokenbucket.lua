@@ -132,6 +132,9 @@ if s.changed or s.aged > 0 then
 end
 --[[@write]]
 -- Nothing: each step writes Redisson's keys itself.
+--[[@encode]]
+-- Never flat: Redisson's layout is a hash.
+--[[@decode]]
 --[[@resent]]
 redis.call('ZSCORE', s.log, record(permits)) ~= false
 --[[@report]]
