@@ -79,8 +79,12 @@ var (
 const (
 	sourceNone    = ""        // the stored one only
 	sourceDefault = "default" // WithDefault: the handle's while none is stored
-	sourceFixed   = "fixed"   // Throttle's, whatever is stored
-	sourceNew     = "new"     // SetRate's, about to be stored
+	// sourceDefer is sourceDefault sent by a handle whose last decision met
+	// a stored config, so that the script looks for that first: see
+	// Limiter.stored.
+	sourceDefer = "defer"
+	sourceFixed = "fixed" // Throttle's, whatever is stored
+	sourceNew   = "new"   // SetRate's, about to be stored
 )
 
 // eval runs the limiter's script once: the one road from every method to
@@ -117,7 +121,11 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	short := decision && c.retryWindow == 0 && !l.perClient.Load()
 	keys := l.keyArgs
 	pooled := argsPool.Get().(*[]any)
-	args := append((*pooled)[:0], req.op, now, n, l.config)
+	config := l.config
+	if decision && l.stored != nil && l.stored.Load() {
+		config = l.deferConfig
+	}
+	args := append((*pooled)[:0], req.op, now, n, config)
 	if short {
 		keys = keys[:len(keys)-2-len(l.alg.state)]
 	}
@@ -143,6 +151,13 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	if short && reply == perClientReply {
 		l.perClient.Store(true)
 		return l.eval(ctx, req)
+	}
+	if s, ok := reply.(string); ok && decision && l.stored != nil {
+		// A default decided (four integers), or a config stored, or several
+		// rates' fields in the hash (more): see scripts/common.lua's reply.
+		if stored := strings.Count(s, " ") != 3; stored != l.stored.Load() {
+			l.stored.Store(stored)
+		}
 	}
 	return reply, err
 }

@@ -37,6 +37,7 @@ type commandLog struct {
 	names   []string
 	counts  map[string]int // by name and by script
 	numKeys []any          // each EVALSHA's count of keys
+	sources []string       // each decision's config source (ARGV[4]'s first word)
 }
 
 // recorded returns a new client to rdb's server(s) that records into log.
@@ -67,6 +68,10 @@ func (h *commandLog) record(cmd redis.Cmder) {
 	h.names = append(h.names, name)
 	if name == "evalsha" && len(args) > 2 {
 		h.numKeys = append(h.numKeys, args[2])
+		if n, ok := args[2].(int); ok && len(args) > 3+n+3 && (args[3+n] == "allow" || args[3+n] == "release") {
+			source, _, _ := strings.Cut(fmt.Sprint(args[3+n+3]), " ")
+			h.sources = append(h.sources, source)
+		}
 	}
 	h.counts[name]++
 	if script != "" {
@@ -109,6 +114,15 @@ func (h *commandLog) keysSent() []any {
 	defer h.mu.Unlock()
 	sent := h.numKeys
 	h.numKeys = nil
+	return sent
+}
+
+// sourcesSent returns each decision's config source, in order, and forgets them.
+func (h *commandLog) sourcesSent() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sent := h.sources
+	h.sources = nil
 	return sent
 }
 

@@ -181,3 +181,37 @@ func TestFlatState(t *testing.T) {
 		assertAvailable(t, s, 7)
 	})
 }
+
+// A handle with a default sends it as 'default' while its decisions find no
+// hash, and as 'defer' once one found a stored config, so that the script
+// reads first what is most likely there; a stale guess costs a command,
+// never a wrong answer.
+func TestDefaultSourceFollowsTheLayout(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		if !a.namesItself {
+			t.Skip("the token bucket keeps Redisson's layout: never flat")
+		}
+		ctx := context.Background()
+		log := &commandLog{}
+		clk := newClock()
+		name := uniqueName(t)
+		x := a.new(newClient(recorded(t, rdb, log), clk), name).WithDefault(tenPer10s)
+		admin := a.new(newClient(rdb, clk), name)
+		limit := func() int64 {
+			t.Helper()
+			r, err := x.Allow(ctx, 1)
+			require.NoError(t, err)
+			return r.Limit
+		}
+		assert.Equal(t, int64(10), limit())
+		log.sourcesSent() // and the first call's, sent again after SCRIPT LOAD
+		require.NoError(t, admin.SetRate(ctx, Per(20, 10*time.Second)))
+		assert.Equal(t, int64(20), limit(), "sent as default: the stored config still rules")
+		assert.Equal(t, int64(20), limit())
+		_, err := admin.Delete(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), limit(), "sent as defer: the default rules again")
+		assert.Equal(t, int64(10), limit())
+		assert.Equal(t, []string{"default", "defer", "defer", "default"}, log.sourcesSent())
+	})
+}

@@ -86,7 +86,14 @@ type Limiter struct {
 	source string
 	config any
 	dflt   Config
-	err    error
+	// stored: with a default, whether the last decision found the limiter's
+	// hash (a stored config, or several rates' state) rather than a flat
+	// state or nothing (scripts/common.lua); the next one then sends
+	// deferConfig, its default as sourceDefer, and the script reads the hash
+	// first. Shared by the handles derived from one.
+	stored      *atomic.Bool
+	deferConfig any
+	err         error
 }
 
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
@@ -210,6 +217,9 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 	}
 	d := l.withConfig(sourceDefault, cfg)
 	d.dflt = cfg
+	if l.alg.inConfig {
+		d.stored, d.deferConfig = new(atomic.Bool), cfg.arg(sourceDefer)
+	}
 	return d
 }
 

@@ -36,8 +36,9 @@
 -- ARGV[3]  permits (allow, release) or milliseconds (expire)
 -- ARGV[4]  the handle's config: '' (the stored one only) or 'SOURCE rate
 --          interval-ms type burst buckets keep-alive-ms [MORE]', which Go has
---          checked; SOURCE is default (while none is stored), fixed (whatever
---          is stored: Throttle) or new (SetRate); MORE, the config's further
+--          checked; SOURCE is default (while none is stored; defer: the
+--          same, from a handle whose last decision found a hash), fixed
+--          (whatever is stored: Throttle) or new (SetRate); MORE, the config's further
 --          rates as the hash's field more keeps them: 'rate interval-ms burst
 --          buckets' each, space-separated
 -- ARGV[5]  client id (sent with the whole key list only)
@@ -52,7 +53,9 @@
 --   holding the state, s1 and s2: its stored fields (IN_CONFIG); permits;
 --   K: the suffix of the rate's state fields ('' for the config's own rate,
 --   '2', '3' … for its further ones); longest: the longest interval of the
---   further rates; expire: set by a write that moves the state's expiry.
+--   further rates; expire: set by encode when the state's expiry moves;
+--   value: encode's; flat: a flat state read (see the decision);
+--   flat_write: the state is written flat, by the skeleton.
 -- With several rates, the steps run once per rate: straight for the
 -- config's own, and for the further ones in two loops, with each one's
 -- rate, interval, burst, buckets and K: before the decision, load and wait
@@ -70,7 +73,8 @@
 --   release   gives back up to permits in the locals; sets back
 --   encode    sets value, the state a commit or release left as one string
 --             (a flat state: its fields' values, space-separated), nil when
---             nothing is left, and expire when the state's expiry must move
+--             nothing is left (write may do without it unless flat_write),
+--             and expire when the state's expiry must move
 --   write     writes the state as fields (HSET, or HDEL when nothing is
 --             left); where expire is set, every field. The skeleton writes
 --             a flat state and sets the expiry, once
@@ -141,21 +145,30 @@ if op == 'allow' or op == 'release' then
   -- KEYS[1] is a hash, or, for an IN_CONFIG algorithm, a flat state: while
   -- no config is stored, one rate's Overall state as a plain string (the
   -- encode section's), which GET reads and SET … PX writes at less cost
-  -- than HMGET, HSET and PEXPIRE. Its type tells which.
-  local shape = IN_CONFIG and redis.call('TYPE', KEYS[1]).ok or 'hash'
+  -- than HMGET, HSET and PEXPIRE. Each read is the likelier one first, and
+  -- costs a failed command when wrong: GET for a default whose last
+  -- decision found no hash (SOURCE default), HMGET for any other (defer,
+  -- a stored config only, fixed). d and a: ARGV[4]'s first and fourth
+  -- bytes, 'd' for either default and 'a' for default.
   -- f: rate, interval, type, keepAliveTime, algorithm, more, then burst
-  -- (BURST) or buckets (BUCKETS), then the state's fields; flat: the flat
-  -- state, or nil.
-  local f, flat
-  if shape == 'hash' then
+  -- (BURST) or buckets (BUCKETS), then the state's fields, or nil; flat:
+  -- the flat state, or nil; none: KEYS[1] does not exist.
+  local d, _, _, a = string.byte(ARGV[4], 1, 4)
+  local f, flat, none = nil, nil, false
+  if IN_CONFIG and a == 97 then
+    local got = redis.pcall('GET', KEYS[1])
+    if not got then none = true elseif not got.err then flat = got end
+  end
+  if not flat and not none then
     f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
       --[[@own_config]]--[[@fields]])
-    if f.err then error('REDLIMIT corrupt ' .. KEYS[1] .. ': ' .. f.err, 0) end
-    stored = f[1] or f[2] or f[5]
-  elseif shape == 'string' then
-    flat = redis.call('GET', KEYS[1])
-  elseif shape ~= 'none' then
-    error('REDLIMIT corrupt ' .. KEYS[1] .. ': a ' .. shape .. ', not a hash', 0)
+    if not f.err then
+      stored = f[1] or f[2] or f[5]
+    elseif IN_CONFIG and redis.call('TYPE', KEYS[1]).ok == 'string' then
+      flat, f = redis.call('GET', KEYS[1]), nil
+    else
+      error('REDLIMIT corrupt ' .. KEYS[1] .. ': ' .. f.err, 0)
+    end
   end
   local ok, more = not stored and ARGV[4] ~= '', nil
   local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
@@ -221,8 +234,15 @@ if op == 'allow' or op == 'release' then
     elseif flat then
       --[[@decode]]
     end
-    -- The state is written flat when it can be: see shape above. A flat
-    -- state met with several rates becomes fields when they write.
+    -- A defer that found neither config nor state sees whether KEYS[1] is
+    -- there at all: if not, the state is written flat, and the short reply
+    -- sends the handle back to default.
+    if f and not stored and not s1 and not s2 and kind == 0 and not rates and d == 100 and a == 101
+        and redis.call('EXISTS', KEYS[1]) == 0 then
+      f = nil
+    end
+    -- The state is written flat when it can be: see above. A flat state met
+    -- with several rates becomes fields when they write.
     local flat_write = not f and kind == 0 and not rates
     if IN_CONFIG and kind == 1 then
       where = KEYS[REQUESTS + 1]
@@ -409,14 +429,16 @@ if op == 'allow' or op == 'release' then
     -- one string (one value for the client to read, not six): allowed 0 or
     -- 1, retry after µs (-1: never), reset after µs, window ms: the span
     -- limit applies to, the interval or the time a funnel's burst takes to
-    -- drain. When the handle's default decided ('default …'), its client
-    -- knows the limit and window: 'allowed remaining retry reset'. With
+    -- drain. When the handle's default decided ('default …' or 'defer …'),
+    -- its client knows the limit and window: 'allowed remaining retry
+    -- reset', which also tells it, for an IN_CONFIG algorithm, that the
+    -- state was flat or none (for its next source, default or defer). With
     -- several rates, limit and window are still the first rate's, and
     -- follow: the index of the rate that bound the answer (0 for the first)
     -- and the further rates as more holds them, 'rate interval-ms burst
     -- buckets' each (the client works out their limits and windows:
     -- formatting them here would cost every call).
-    if not stored and not rates and string.byte(ARGV[4], 1) == 100 then
+    if not stored and not rates and d == 100 and not (IN_CONFIG and f) then
       return string.format('%d %d %d %d', allowed, remaining, retry, reset)
     end
     local window = limit * interval / rate

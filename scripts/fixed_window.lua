@@ -50,7 +50,8 @@ count = count - back
 s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
 --[[@encode]]
 -- A new window's first step moves the state's expiry; the others keep it.
-value = count > 0 and string.format('%d %d', start, count) or nil
+-- Only a flat state needs the string: write uses start and count.
+value = count > 0 and flat_write and string.format('%d %d', start, count) or nil
 expire = count > 0 and start ~= stored_start
 --[[@write]]
 -- Within a window, a step writes the count and nothing else.
