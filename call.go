@@ -79,12 +79,12 @@ var (
 const (
 	sourceNone    = ""        // the stored one only
 	sourceDefault = "default" // WithDefault: the handle's while none is stored
+	sourceFixed   = "fixed"   // Throttle's, whatever is stored
+	sourceNew     = "new"     // SetRate's, about to be stored
 	// sourceDefer is sourceDefault sent by a handle whose last decision met
-	// a stored config, so that the script looks for that first: see
+	// the limiter's hash, so that the script reads that first: see
 	// Limiter.stored.
 	sourceDefer = "defer"
-	sourceFixed = "fixed" // Throttle's, whatever is stored
-	sourceNew   = "new"   // SetRate's, about to be stored
 )
 
 // eval runs the limiter's script once: the one road from every method to
