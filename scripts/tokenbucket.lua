@@ -47,15 +47,15 @@ end
 -- when the log empties, reset µs from now.
 local function store(s, reset)
   if s.aged > 0 then
-    redis.call('ZREMRANGEBYSCORE', s.log, '-inf', s.cutoff)
+    redis.call('ZREMRANGEBYSCORE', s.log, '-inf', string.format('%d', s.cutoff))
     s.aged = 0
   end
   if reset <= 0 then
     redis.call('DEL', s.value_key, s.log)
     return
   end
-  local ttl = expiry(reset, s.value_key)
-  redis.call('SET', s.value_key, s.value, 'PX', ttl)
+  local ttl = string.format('%d', expiry(reset, s.value_key))
+  redis.call('SET', s.value_key, string.format('%d', s.value), 'PX', ttl)
   redis.call('PEXPIRE', s.log, ttl)
 end
 
@@ -105,7 +105,7 @@ rate
 -- losing it never resets the limiter. aged counts the records that left the
 -- window, for the next write to drop.
 local s = { value_key = KEYS[2 + kind * (REQUESTS - 1)], log = KEYS[3 + kind * (REQUESTS - 1)], cutoff = NOW_MS - interval }
-s.aged = sum(s.log, call(s.log, 'ZRANGEBYSCORE', s.log, '-inf', s.cutoff))
+s.aged = sum(s.log, call(s.log, 'ZRANGEBYSCORE', s.log, '-inf', string.format('%d', s.cutoff)))
 local value = integer(s.value_key, 'value', call(s.value_key, 'GET', s.value_key), -MAX, MAX)
 if value == nil or value + s.aged > rate then
   s.value, s.changed = rate - sum(s.log, call(s.log, 'ZRANGEBYSCORE', s.log, '(' .. s.cutoff, '+inf')), true
@@ -122,7 +122,7 @@ end
 --[[@commit]]
 -- ZADD NX also tells a re-sent request: its record (same id, same member) is
 -- in the log already.
-counted = redis.call('ZADD', s.log, 'NX', NOW_MS, record(permits)) == 1
+counted = redis.call('ZADD', s.log, 'NX', string.format('%d', NOW_MS), record(permits)) == 1
 if counted then
   s.value, s.changed = s.value - permits, true
   s.reset = interval * 1000 - NOW_US % 1000
@@ -213,11 +213,11 @@ end
 used = used + permits
 if last < NOW_MS then last = NOW_MS end
 if K == '2' then
-  redis.call('ZADD', grants, last, string.format('%016d:%d', total + permits, permits))
+  redis.call('ZADD', grants, string.format('%d', last), string.format('%016d:%d', total + permits, permits))
   if (total - total % 64) ~= (total + permits) - (total + permits) % 64 then
     redis.call('ZREMRANGEBYSCORE', grants, '-inf', NOW_MS - longest)
   end
-  redis.call('PEXPIRE', grants, expiry((last + longest) * 1000 - NOW_US, grants))
+  redis.call('PEXPIRE', grants, string.format('%d', expiry((last + longest) * 1000 - NOW_US, grants)))
 end
 --[[@more_report]]
 remaining = rate - used
