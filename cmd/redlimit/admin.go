@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -157,7 +158,29 @@ func classify(f []any) (algorithm string, stored bool) {
 	return "", false
 }
 
-// locate finds which algorithm holds name, reading only: the hash's fields;
+// flatState matches the flat states the funnel (a TAT), the fixed window
+// ('start count') and the sliding window ('start:count,gap:count…') keep
+// in a limiter's key while no config is stored (the README's "Keys in
+// Redis"): the shapes their scripts accept.
+var flatState = regexp.MustCompile(`^(?:(\d+)|(\d+ \d+)|(\d+:\d+(?:,\d+:\d+)*))$`)
+
+// flatAlgorithm tells the algorithm whose flat state value is, or "".
+func flatAlgorithm(value string) string {
+	m := flatState.FindStringSubmatchIndex(value)
+	switch {
+	case m == nil:
+		return ""
+	case m[2] >= 0:
+		return "funnel"
+	case m[4] >= 0:
+		return "fixed_window"
+	default:
+		return "sliding_window"
+	}
+}
+
+// locate finds which algorithm holds name, reading only: the hash's fields,
+// or a flat state;
 // without a hash, the token bucket's Overall keys; then a PerClient
 // limiter's registry and its first client's state key. "" means there is no
 // limiter of that name.
@@ -173,7 +196,10 @@ func (a *admin) locate(ctx context.Context, name string) (string, error) {
 	full := l.Name()
 	f, err := a.rdb.HMGet(ctx, full, hashFields...).Result()
 	if isWrongType(err) {
-		return "", fmt.Errorf("%s is a %s, not a limiter's hash", full, a.rdb.Type(ctx, full).Val())
+		if alg := flatAlgorithm(a.rdb.Get(ctx, full).Val()); alg != "" {
+			return alg, nil
+		}
+		return "", fmt.Errorf("%s is a %s, not a limiter's hash or flat state", full, a.rdb.Type(ctx, full).Val())
 	}
 	if err != nil {
 		return "", fmt.Errorf("reading %s: %w", full, err)

@@ -96,46 +96,60 @@ type lsLine struct {
 // scan walks one node's keyspace, a SCAN call at a time, and prints the
 // limiters among each call's keys before asking for more.
 func (a *admin) scan(ctx context.Context, node redis.Cmdable, match string, count int64, out *lsOutput) error {
-	var cursor uint64
-	for {
-		// TYPE hash: Redis leaves out the other keys itself (Redis 6+).
-		keys, next, err := node.ScanType(ctx, cursor, match, count, "hash").Result()
-		if err != nil {
-			return err
+	// A limiter's key is a hash, or a string holding a flat state; TYPE has
+	// Redis leave out the other keys itself (Redis 6+).
+	for _, typ := range []string{"hash", "string"} {
+		var cursor uint64
+		for {
+			keys, next, err := node.ScanType(ctx, cursor, match, count, typ).Result()
+			if err != nil {
+				return err
+			}
+			if err := a.describe(ctx, keys, typ == "string", out); err != nil {
+				return err
+			}
+			if next == 0 {
+				break
+			}
+			cursor = next
 		}
-		if err := a.describe(ctx, keys, out); err != nil {
-			return err
-		}
-		if next == 0 {
-			return nil
-		}
-		cursor = next
 	}
+	return nil
 }
 
-// describe reads the hashes among keys that may be limiters, in one
-// pipeline, and prints those that are.
-func (a *admin) describe(ctx context.Context, keys []string, out *lsOutput) error {
+// describe reads the keys that may be limiters (hashes, or strings when
+// flat), in one pipeline, and prints those that are.
+func (a *admin) describe(ctx context.Context, keys []string, flat bool, out *lsOutput) error {
 	type candidate struct {
 		name, key string
 		fields    *redis.SliceCmd
+		value     *redis.StringCmd
 	}
 	var batch []candidate
 	pipe := a.rdb.Pipeline()
 	for _, key := range keys {
-		if name, ok := a.nameOf(key); ok {
-			batch = append(batch, candidate{name, key, pipe.HMGet(ctx, key, hashFields...)})
+		if name, ok := a.nameOf(key); ok && flat {
+			batch = append(batch, candidate{name: name, key: key, value: pipe.Get(ctx, key)})
+		} else if ok {
+			batch = append(batch, candidate{name: name, key: key, fields: pipe.HMGet(ctx, key, hashFields...)})
 		}
 	}
 	if len(batch) == 0 {
 		return nil
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !isWrongType(err) {
+	if _, err := pipe.Exec(ctx); err != nil && !isWrongType(err) && err != redis.Nil {
 		return err
 	}
 	out.mu.Lock()
 	defer out.mu.Unlock()
 	for _, c := range batch {
+		if flat {
+			// A flat state: no config stored (scripts/common.lua).
+			if alg := flatAlgorithm(c.value.Val()); alg != "" {
+				out.print(lsLine{Name: c.name, Key: c.key, Algorithm: alg})
+			}
+			continue
+		}
 		f, err := c.fields.Result()
 		if isWrongType(err) || err == redis.Nil {
 			continue // no longer a hash: deleted or replaced since SCAN saw it
