@@ -309,16 +309,6 @@ if op == 'allow' or op == 'release' then
         if permits > 0 and (RECORDS or not LOG or first_run()) then
           counted = true
           --[[@commit]]
-          if counted then
-            --[[@encode]]
-            if not flat_write then
-              if flat and where == KEYS[1] then
-                redis.call('DEL', KEYS[1])
-                expire = true
-              end
-              --[[@write]]
-            end
-          end
           wrote = counted
         end
       elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[6])) then
@@ -329,6 +319,11 @@ if op == 'allow' or op == 'release' then
     elseif not decide and (not LOG or first_run()) then
       wrote = true
       --[[@release]]
+    end
+    -- What a commit or release left, written as fields; a flat state is
+    -- written below, with its expiry. A flat state met with several rates
+    -- gives way to the fields.
+    if wrote then
       --[[@encode]]
       if not flat_write then
         if flat and where == KEYS[1] then
@@ -356,13 +351,13 @@ if op == 'allow' or op == 'release' then
         local remaining, reset, back = 0, 0, 0
         if counted then
           --[[@more_commit]]
-          --[[@more_encode]]
-          --[[@more_write]]
         elseif wrote then
           --[[@more_release]]
+          if back < given then given = back end
+        end
+        if wrote then
           --[[@more_encode]]
           --[[@more_write]]
-          if back < given then given = back end
         end
         --[[@more_report]]
         if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
