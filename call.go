@@ -75,7 +75,7 @@ var (
 	noArg any = ""
 )
 
-// Where the config a script is given comes from (ARGV[5]).
+// Where the config a script is given comes from (ARGV[4]).
 const (
 	sourceNone    = ""        // the stored one only
 	sourceDefault = "default" // WithDefault: the handle's while none is stored
@@ -115,8 +115,8 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	// Every key and argument costs Redis about as much as a small command: a
 	// decision on a limiter not known to be PerClient, with no request log,
 	// goes with the config's and the Overall state's keys only, and without
-	// the client id; one that neither records nor logs its id goes without
-	// ARGV[6 .. 7].
+	// the log's window and the client id (ARGV[6 .. 7]); one that records no
+	// id goes without ARGV[5] too.
 	decision := req.op == opAllow || req.op == opRelease
 	short := decision && c.retryWindow == 0 && !l.perClient.Load()
 	keys := l.keyArgs
@@ -130,10 +130,10 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		keys = keys[:len(keys)-2-len(l.alg.state)]
 	}
 	if !short || id != noArg {
-		args = append(args, l.clientID)
+		args = append(args, id)
 	}
-	if id != noArg || !decision {
-		args = append(args, id, c.retryWindowArg)
+	if !short {
+		args = append(args, c.retryWindowArg, l.clientID)
 	}
 	if len(req.clients) > 0 {
 		keys = slices.Clone(keys)

@@ -217,7 +217,7 @@ func (c Config) validateRate() error {
 	return nil
 }
 
-// arg encodes c for the scripts as ARGV[5] (scripts/common.lua): source,
+// arg encodes c for the scripts as ARGV[4] (scripts/common.lua): source,
 // then the fields, space-separated, then each further rate's (moreArg). Zero
 // Burst and Buckets go as they are: the scripts apply the defaults, so Config
 // reads back what was set.

@@ -82,7 +82,7 @@ type Limiter struct {
 	// The config the scripts are given: sourceNone (the stored one only),
 	// sourceDefault (WithDefault: dflt while none is stored), sourceFixed
 	// (Throttle's, whatever is stored) or sourceNew (SetRate's); config is
-	// ARGV[5], source and config in one string (Config.arg).
+	// ARGV[4], source and config in one string (Config.arg).
 	source string
 	config any
 	dflt   Config
@@ -217,9 +217,7 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 	}
 	d := l.withConfig(sourceDefault, cfg)
 	d.dflt = cfg
-	if l.alg.inConfig {
-		d.stored, d.deferConfig = new(atomic.Bool), cfg.arg(sourceDefer)
-	}
+	d.stored, d.deferConfig = new(atomic.Bool), cfg.arg(sourceDefer)
 	return d
 }
 

@@ -210,7 +210,7 @@ local function missing_clients()
   end
   local missing = {}
   for _, id in ipairs(call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)) do
-    if not given[id] and id ~= ARGV[5] then
+    if not given[id] and id ~= ARGV[7] then
       missing[#missing + 1] = id
     end
   end

@@ -41,10 +41,10 @@
 --          (whatever is stored: Throttle) or new (SetRate); MORE, the config's further
 --          rates as the hash's field more keeps them: 'rate interval-ms burst
 --          buckets' each, space-separated
--- ARGV[5]  client id (sent with the whole key list only)
--- ARGV[6]  request id: the token bucket's record, the request log's entry
--- ARGV[7]  how long the request log keeps an id, ms; '' for no log
---          (a decision that needs neither is sent without ARGV[6 .. 7])
+-- ARGV[5]  request id: the token bucket's record, the request log's entry
+--          (a decision that needs none is sent without it)
+-- ARGV[6]  how long the request log keeps an id, ms; '' for no log
+-- ARGV[7]  client id (ARGV[6 .. 7] are sent with the whole key list only)
 -- ARGV[8 ..]  other clients' ids (admin ops)
 --
 -- An algorithm's sections share these locals with the skeleton:
@@ -109,7 +109,7 @@ else
   NOW_US = ARGV[2] + 0
 end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
-local op, LOG = ARGV[1], ARGV[7] ~= nil and ARGV[7] ~= ''
+local op, LOG = ARGV[1], ARGV[6] ~= nil and ARGV[6] ~= ''
 local REGISTRY = IN_CONFIG and 2 or N + 2
 local REQUESTS = REGISTRY + 1
 local rate, interval, kind, burst, buckets, keepalive, stored
@@ -125,7 +125,7 @@ local K = ''
 -- and is false for a re-run, whose grant is counted already. (The token
 -- bucket needs no log for its grants: its records hold the id.)
 local first_run = LOG and function()
-  local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[7], ARGV[6])
+  local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[6], ARGV[5])
   if type(added) == 'table' then
     error('REDLIMIT corrupt ' .. KEYS[REQUESTS] .. ': ' .. added.err, 0)
   end
@@ -133,7 +133,7 @@ local first_run = LOG and function()
     return false
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[REQUESTS], '-inf', NOW_MS)
-  redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[7])
+  redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[6])
   return true
 end
 
@@ -155,9 +155,11 @@ if op == 'allow' or op == 'release' then
   -- the flat state, or nil; none: KEYS[1] does not exist.
   local d, _, _, a = string.byte(ARGV[4], 1, 4)
   local f, flat, none = nil, nil, false
-  if IN_CONFIG and a == 97 then
+  if a == 97 and IN_CONFIG then
     local got = redis.pcall('GET', KEYS[1])
     if not got then none = true elseif not got.err then flat = got end
+  elseif a == 97 then
+    none = redis.call('EXISTS', KEYS[1]) == 0 -- the hash's config only
   end
   if not flat and not none then
     f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
@@ -237,13 +239,13 @@ if op == 'allow' or op == 'release' then
     -- A defer that found neither config nor state sees whether KEYS[1] is
     -- there at all: if not, the state is written flat, and the short reply
     -- sends the handle back to default.
-    if f and not stored and not s1 and not s2 and kind == 0 and not rates and d == 100 and a == 101
+    if IN_CONFIG and f and not stored and not s1 and not s2 and kind == 0 and not rates and d == 100 and a == 101
         and redis.call('EXISTS', KEYS[1]) == 0 then
       f = nil
     end
     -- The state is written flat when it can be: see above. A flat state met
     -- with several rates becomes fields when they write.
-    local flat_write = not f and kind == 0 and not rates
+    local flat_write = IN_CONFIG and not f and kind == 0 and not rates
     if IN_CONFIG and kind == 1 then
       where = KEYS[REQUESTS + 1]
       local g = redis.pcall('HMGET', where--[[@fields]])
@@ -311,7 +313,7 @@ if op == 'allow' or op == 'release' then
           --[[@commit]]
           wrote = counted
         end
-      elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[6])) then
+      elseif permits > 0 and (--[[@resent]] or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[5])) then
         allowed = 1 -- a re-sent script whose first run was granted
       else
         retry = wait
@@ -395,7 +397,7 @@ if op == 'allow' or op == 'release' then
       -- keys. It lives as long as any client's state can: one interval, or
       -- the time a funnel takes to drain when its burst exceeds its rate,
       -- the longest of any rate's.
-      local added = redis.pcall('ZADD', KEYS[REGISTRY], NOW_MS, ARGV[5])
+      local added = redis.pcall('ZADD', KEYS[REGISTRY], NOW_MS, ARGV[7])
       if type(added) == 'table' then
         error('REDLIMIT corrupt ' .. KEYS[REGISTRY] .. ': ' .. added.err, 0)
       end

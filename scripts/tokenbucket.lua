@@ -21,42 +21,43 @@ end
 
 local function sum(log, members)
   local total = 0
-  for _, member in ipairs(members) do
-    total = total + count_of(log, member)
+  for i = 1, #members do
+    total = total + count_of(log, members[i])
   end
   return total
 end
 
 local function record(permits)
-  return '\16' .. ARGV[6] .. string.char(permits % 256, math.floor(permits / 256) % 256,
-    math.floor(permits / 65536) % 256, math.floor(permits / 16777216) % 256)
+  local p2, p3, p4 = (permits - permits % 256) / 256, (permits - permits % 65536) / 65536,
+      (permits - permits % 16777216) / 16777216
+  return '\16' .. ARGV[5] .. string.char(permits % 256, p2 % 256, p3 % 256, p4 % 256)
 end
 
--- reset_after is the time until the newest record ages out and the bucket
--- is full: 0 when it has (a request no wait can satisfy reads the log
--- before anything prunes it).
-local function reset_after(s)
-  local newest = redis.call('ZRANGE', s.log, -1, -1, 'WITHSCORES')
+-- reset_after is the time until the newest record of log ages out and the
+-- bucket is full: 0 when it has (a request no wait can satisfy reads the
+-- log before anything prunes it).
+local function reset_after(log)
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
   if #newest == 0 then
     return 0
   end
-  return math.max(0, (tonumber(newest[2]) + interval) * 1000 - NOW_US)
+  return math.max(0, (newest[2] + interval) * 1000 - NOW_US)
 end
 
--- store drops the aged records and caches the value, with both keys expiring
--- when the log empties, reset µs from now.
-local function store(s, reset)
-  if s.aged > 0 then
-    redis.call('ZREMRANGEBYSCORE', s.log, '-inf', string.format('%d', s.cutoff))
-    s.aged = 0
+-- store drops the records that left the window (aged: the cutoff, when there are any) and
+-- caches value, with both keys expiring when the log empties, reset µs from
+-- now.
+local function store(value_key, log, aged, value, reset)
+  if aged then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', aged)
   end
   if reset <= 0 then
-    redis.call('DEL', s.value_key, s.log)
+    redis.call('DEL', value_key, log)
     return
   end
-  local ttl = string.format('%d', expiry(reset, s.value_key))
-  redis.call('SET', s.value_key, string.format('%d', s.value), 'PX', ttl)
-  redis.call('PEXPIRE', s.log, ttl)
+  local ttl = string.format('%d', expiry(reset, value_key))
+  redis.call('SET', value_key, string.format('%d', value), 'PX', ttl)
+  redis.call('PEXPIRE', log, ttl)
 end
 
 -- running reads a record of the grants log (see more_load): the running
@@ -73,25 +74,26 @@ end
 -- the first further rate and shared by the others.
 local newest_grant
 
--- until_free walks the log from the oldest record until enough permits free
+-- until_free is the time until permits fit, with available permits now:
+-- it walks the log from the oldest record in the window until enough free
 -- up. When the whole log frees too few, the cached value was too low (a
--- value key without its log): the log is the truth, and the value is rebuilt.
-local function until_free(s, permits)
-  local need = permits - s.value
-  if need <= 0 then
-    return 0
-  end
-  local freed = 0
-  local records = redis.call('ZRANGEBYSCORE', s.log, '(' .. s.cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
+-- value key without its log): the log is the truth, and the second result
+-- is the value rebuilt from it.
+local function until_free(log, available, permits)
+  local need, freed = permits - available, 0
+  local records = redis.call('ZRANGEBYSCORE', log, '(' .. (NOW_MS - interval), '+inf', 'WITHSCORES', 'LIMIT', 0, need)
   for i = 1, #records, 2 do
-    freed = freed + count_of(s.log, records[i])
+    freed = freed + count_of(log, records[i])
     if freed >= need then
-      return (tonumber(records[i + 1]) + interval) * 1000 - NOW_US
+      return (records[i + 1] + interval) * 1000 - NOW_US
     end
   end
-  if #records / 2 < need and s.value ~= rate - freed then
-    s.value, s.changed = rate - freed, true
-    return until_free(s, permits)
+  if #records / 2 < need and available ~= rate - freed then
+    if permits <= rate - freed then
+      return 0, rate - freed
+    end
+    local wait, deeper = until_free(log, rate - freed, permits)
+    return wait, deeper or rate - freed
   end
   return interval * 1000 -- records of several permits each: a full interval frees them all
 end
@@ -101,34 +103,54 @@ end
 rate
 --[[@load]]
 -- The permits available: rate − Σ(log in the window). The value key caches
--- it; when the cache is missing or impossible the log is summed again, so
--- losing it never resets the limiter. aged counts the records that left the
--- window, for the next write to drop.
-local s = { value_key = KEYS[2 + kind * (REQUESTS - 1)], log = KEYS[3 + kind * (REQUESTS - 1)], cutoff = NOW_MS - interval }
-s.aged = sum(s.log, call(s.log, 'ZRANGEBYSCORE', s.log, '-inf', string.format('%d', s.cutoff)))
-local value = integer(s.value_key, 'value', call(s.value_key, 'GET', s.value_key), -MAX, MAX)
-if value == nil or value + s.aged > rate then
-  s.value, s.changed = rate - sum(s.log, call(s.log, 'ZRANGEBYSCORE', s.log, '(' .. s.cutoff, '+inf')), true
+-- rate − Σ(log), as Redisson keeps it: the records that left the window
+-- (aged, when there are any) give theirs back here, and go on the next
+-- write. When the cache is missing or impossible the log is summed again,
+-- so losing it never resets the limiter. changed: the cache needs writing;
+-- granted: the time until a grant's record ages out.
+local value_key, log = KEYS[2 + kind * (REQUESTS - 1)], KEYS[3 + kind * (REQUESTS - 1)]
+local cutoff = string.format('%d', NOW_MS - interval)
+local old = redis.pcall('ZRANGEBYSCORE', log, '-inf', cutoff)
+if old.err then
+  fail('corrupt ' .. log .. ': ' .. old.err)
+end
+local got = redis.pcall('GET', value_key)
+local cached = got and tonumber(got) -- nil for an error or what is not a number
+if got and not (cached and cached % 1 == 0 and cached >= -MAX and cached <= MAX) then
+  integer(value_key, 'value', call(value_key, 'GET', value_key), -MAX, MAX) -- says what is wrong
+end
+local aged, available, changed, granted = #old > 0, 0, false, nil
+for i = 1, #old do
+  available = available + count_of(log, old[i])
+end
+if not cached or cached + available > rate then
+  available, changed = rate - sum(log, call(log, 'ZRANGEBYSCORE', log, '(' .. cutoff, '+inf')), true
 else
-  s.value = value + s.aged
+  available = cached + available
 end
 --[[@wait]]
 -- A denial still repairs a cache it found wrong, as a Redisson client
 -- sharing the limiter reads the value key alone.
-wait = until_free(s, permits)
-if wait > 0 and permits > 0 and s.changed then
-  store(s, reset_after(s))
+if permits > available then
+  local rebuilt
+  wait, rebuilt = until_free(log, available, permits)
+  if rebuilt then
+    available, changed = rebuilt, true
+  end
+  if wait > 0 and permits > 0 and changed then
+    store(value_key, log, aged and cutoff, available, reset_after(log))
+    aged = false
+  end
 end
 --[[@commit]]
 -- ZADD NX also tells a re-sent request: its record (same id, same member) is
 -- in the log already.
-counted = redis.call('ZADD', s.log, 'NX', string.format('%d', NOW_MS), record(permits)) == 1
+counted = redis.call('ZADD', log, 'NX', string.format('%d', NOW_MS), record(permits)) == 1
 if counted then
-  s.value, s.changed = s.value - permits, true
-  s.reset = interval * 1000 - NOW_US % 1000
+  available, changed, granted = available - permits, true, interval * 1000 - NOW_US % 1000
 end
-if s.changed or s.aged > 0 then
-  store(s, s.reset or reset_after(s))
+if changed or aged then
+  store(value_key, log, aged and cutoff, available, granted or reset_after(log))
 end
 --[[@write]]
 -- Nothing: each step writes Redisson's keys itself.
@@ -136,32 +158,31 @@ end
 -- Never flat: Redisson's layout is a hash.
 --[[@decode]]
 --[[@resent]]
-redis.call('ZSCORE', s.log, record(permits)) ~= false
+redis.call('ZSCORE', log, record(permits)) ~= false
 --[[@report]]
-remaining, reset = s.value, s.reset or reset_after(s)
+remaining, reset = available, granted or reset_after(log)
 --[[@release]]
 -- Permits come off the newest records, so that the log and the value stay
 -- in agreement.
-if s.aged > 0 then
-  redis.call('ZREMRANGEBYSCORE', s.log, '-inf', s.cutoff)
-  s.aged = 0
+if aged then
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
 end
 local left = permits
 while left > 0 do
-  local newest = redis.call('ZRANGE', s.log, -1, -1, 'WITHSCORES')
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
   if #newest == 0 then
     break
   end
-  local count = count_of(s.log, newest[1])
-  redis.call('ZREM', s.log, newest[1])
+  local count = count_of(log, newest[1])
+  redis.call('ZREM', log, newest[1])
   if count > left then
-    redis.call('ZADD', s.log, newest[2], record(count - left))
+    redis.call('ZADD', log, newest[2], record(count - left))
     count = left
   end
   left = left - count
 end
-s.value = s.value + permits - left
-store(s, reset_after(s))
+available = available + permits - left
+store(value_key, log, false, available, reset_after(log))
 back = permits - left
 --[[@more_load]]
 -- A further rate cannot share Redisson's log: a Java client prunes it to the
@@ -256,7 +277,5 @@ local TYPES, FIELDS = { 'string', 'zset', 'zset' }, {}
 local function settle(keys)
   local log = keys[2]
   redis.call('ZREMRANGEBYSCORE', log, '-inf', NOW_MS - interval)
-  local s = { value_key = keys[1], log = log, aged = 0 }
-  s.value = rate - sum(log, call(log, 'ZRANGE', log, 0, -1))
-  store(s, reset_after(s))
+  store(keys[1], log, false, rate - sum(log, call(log, 'ZRANGE', log, 0, -1)), reset_after(log))
 end
