@@ -39,13 +39,7 @@ func newScript(a algorithm, file string) *script {
 	} else if a.buckets {
 		own += ", 'buckets'\n"
 	}
-	// The tools go before the decision for an algorithm whose decision uses
-	// them, and after it otherwise: no function is then created on its
-	// decisions (each one costs about as much as a small command).
-	tools := "--[[@tools_before]]\n" + readScript("tools.lua") + "--[[@tools_after]]\n"
-	if a.inConfig {
-		tools = "--[[@tools_after]]\n" + readScript("tools.lua") + "--[[@tools_before]]\n"
-	}
+	tools := "--[[@tools]]\n" + readScript("tools.lua")
 	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own+tools)
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])

@@ -2,7 +2,7 @@
 -- whole, and the diagnosis of a config the decision refused. Nothing here is
 -- created on a decision's path.
 
---[[@tools_after]]
+--[[@tools]]
 
 --[[@admin]]
 

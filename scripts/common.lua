@@ -9,11 +9,11 @@
 --
 -- Why pasting: Redis runs the whole chunk on every call, and every function
 -- created or called and every table built costs about as much as a small
--- Redis command. So a decision is one straight block, the algorithm's steps
--- pasted into it, and it creates no function: an algorithm whose state is
--- fields of KEYS[1] (IN_CONFIG) has tools.lua's helpers pasted after the
--- block, where the rarer ops and every error's full diagnosis (admin.lua)
--- use them; the token bucket, whose steps call helpers, has them before.
+-- Redis command, and so does each of the chunk's locals a function uses. So
+-- a decision is one straight block, the algorithm's steps pasted into it.
+-- tools.lua's helpers come after the block, where the rarer ops and every
+-- error's full diagnosis (admin.lua) use them; an algorithm's own helpers,
+-- before it, use none of the chunk's locals.
 --
 -- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
 --          keepAliveTime ms as Redisson keeps them; burst, buckets and
@@ -62,7 +62,8 @@
 -- (its s1 and s2 kept in states); after it, load again from them, then
 -- commit and write, or release and write, then report.
 -- The sections:
---   helpers   functions the others use, created before the decision
+--   helpers   functions the others use, created before the decision: they
+--             use only what they are given, and globals
 --   fields    , 'name' .. K … the state's hash fields (IN_CONFIG)
 --   own_config  , 'burst' or , 'buckets' when it has one (script.go writes it)
 --   capacity  the most one request may take: rate or burst
@@ -88,7 +89,7 @@
 --   more_release:
 --             a further rate's steps when they differ from the first rate's
 --             (the token bucket's: Redisson's layout holds its first rate only)
---   tools_before, tools_after: tools.lua, at one of the two (script.go)
+--   tools     tools.lua (script.go)
 --
 -- Every number written or returned is an integer: Lua numbers are doubles and
 -- Redis truncates returned floats. A number given to redis.call is written
@@ -115,8 +116,6 @@ local REQUESTS = REGISTRY + 1
 local rate, interval, kind, burst, buckets, keepalive, stored
 -- K: the suffix of a rate's state fields, '' for the config's own rate.
 local K = ''
-
---[[@tools_before]]
 
 -- A client re-sends a script whose reply it did not read (go-redis does on a
 -- read timeout). Counting it twice only denies sooner, so by default nothing
@@ -335,10 +334,8 @@ if op == 'allow' or op == 'release' then
         --[[@write]]
       end
     end
-    if decide or IN_CONFIG or rates then
-      --[[@report]]
-      if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
-    end
+    --[[@report]]
+    if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.

@@ -6,58 +6,62 @@
 -- count as uint32 LE. A record at score s is out of the window once
 -- s <= now − interval. The record also tells a re-sent request: its member
 -- is in the log already; grants, the log of a config's further rates (see
--- more_load). Sections: see common.lua; the state is a table s
--- (value_key, log, cutoff, aged, value, changed, reset) the helpers share.
+-- more_load). Sections: see common.lua; the state is in load's locals, and
+-- report writes it, once.
 
 --[[@helpers]]
-local function count_of(log, member)
-  local n = #member
-  if n < 5 then
-    fail('corrupt ' .. log .. ': member of ' .. n .. ' bytes')
-  end
-  local b1, b2, b3, b4 = string.byte(member, n - 3, n)
-  return b1 + b2 * 256 + b3 * 65536 + b4 * 16777216
-end
+-- Each function created costs a call about as much as a small Redis
+-- command, and each of the script's locals it uses as much again: these use
+-- none, only what they are given, and a grant calls three.
 
-local function sum(log, members)
+-- sum adds up the permits of records first, first + step, … of log until
+-- they reach need (none: all of them), and says which record reached it.
+local function sum(log, records, step, need)
   local total = 0
-  for i = 1, #members do
-    total = total + count_of(log, members[i])
+  for i = 1, #records, step do
+    local member = records[i]
+    local n = #member
+    if n < 5 then
+      error('REDLIMIT corrupt ' .. log .. ': member of ' .. n .. ' bytes', 0)
+    end
+    local b1, b2, b3, b4 = string.byte(member, n - 3, n)
+    total = total + b1 + b2 * 256 + b3 * 65536 + b4 * 16777216
+    if need and total >= need then
+      return total, i
+    end
   end
-  return total
+  return total, nil
 end
 
+-- record is the log's member for a grant of permits by this request.
 local function record(permits)
-  local p2, p3, p4 = (permits - permits % 256) / 256, (permits - permits % 65536) / 65536,
-      (permits - permits % 16777216) / 16777216
-  return '\16' .. ARGV[5] .. string.char(permits % 256, p2 % 256, p3 % 256, p4 % 256)
+  local p = permits
+  return '\16' .. ARGV[5] .. string.char(p % 256, (p - p % 256) / 256 % 256, (p - p % 65536) / 65536 % 256,
+    (p - p % 16777216) / 16777216 % 256)
 end
 
--- reset_after is the time until the newest record of log ages out and the
--- bucket is full: 0 when it has (a request no wait can satisfy reads the
--- log before anything prunes it).
-local function reset_after(log)
-  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-  if #newest == 0 then
-    return 0
+-- ttl is a state key's TTL for reset µs, in whole ms rounded up. When capped
+-- (a stored config that expires: Expire, ExpireAt), no state key outlives
+-- the config.
+local function ttl(reset, capped)
+  local ms = (reset + (-reset) % 1000) / 1000
+  if ms < 1 then ms = 1 end
+  if capped then
+    local left = redis.call('PTTL', KEYS[1])
+    if left > 0 and left < ms then ms = left end
   end
-  return math.max(0, (newest[2] + interval) * 1000 - NOW_US)
+  return string.format('%d', ms)
 end
 
--- store drops the records that left the window (aged: the cutoff, when there are any) and
--- caches value, with both keys expiring when the log empties, reset µs from
--- now.
-local function store(value_key, log, aged, value, reset)
-  if aged then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', aged)
-  end
-  if reset <= 0 then
+-- store caches value, with the value key and the log expiring after ms (a
+-- string), when the log empties; with no ms, the log is empty now.
+local function store(value_key, log, value, ms)
+  if not ms then
     redis.call('DEL', value_key, log)
     return
   end
-  local ttl = string.format('%d', expiry(reset, value_key))
-  redis.call('SET', value_key, string.format('%d', value), 'PX', ttl)
-  redis.call('PEXPIRE', log, ttl)
+  redis.call('SET', value_key, string.format('%d', value), 'PX', ms)
+  redis.call('PEXPIRE', log, ms)
 end
 
 -- running reads a record of the grants log (see more_load): the running
@@ -65,7 +69,7 @@ end
 local function running(grants, member)
   local total, permits = string.match(member, '^(%d+):(%d+)$')
   if not total then
-    fail('corrupt ' .. grants .. ': member ' .. string.format('%q', member))
+    error('REDLIMIT corrupt ' .. grants .. ': member ' .. string.format('%q', member), 0)
   end
   return tonumber(total), tonumber(permits) -- not + 0: gopher-lua (miniredis) reads 010 as octal
 end
@@ -74,74 +78,61 @@ end
 -- the first further rate and shared by the others.
 local newest_grant
 
--- until_free is the time until permits fit, with available permits now:
--- it walks the log from the oldest record in the window until enough free
--- up. When the whole log frees too few, the cached value was too low (a
--- value key without its log): the log is the truth, and the second result
--- is the value rebuilt from it.
-local function until_free(log, available, permits)
-  local need, freed = permits - available, 0
-  local records = redis.call('ZRANGEBYSCORE', log, '(' .. (NOW_MS - interval), '+inf', 'WITHSCORES', 'LIMIT', 0, need)
-  for i = 1, #records, 2 do
-    freed = freed + count_of(log, records[i])
-    if freed >= need then
-      return (records[i + 1] + interval) * 1000 - NOW_US
-    end
-  end
-  if #records / 2 < need and available ~= rate - freed then
-    if permits <= rate - freed then
-      return 0, rate - freed
-    end
-    local wait, deeper = until_free(log, rate - freed, permits)
-    return wait, deeper or rate - freed
-  end
-  return interval * 1000 -- records of several permits each: a full interval frees them all
-end
-
 --[[@fields]]
 --[[@capacity]]
 rate
 --[[@load]]
 -- The permits available: rate − Σ(log in the window). The value key caches
 -- rate − Σ(log), as Redisson keeps it: the records that left the window
--- (aged, when there are any) give theirs back here, and go on the next
--- write. When the cache is missing or impossible the log is summed again,
--- so losing it never resets the limiter. changed: the cache needs writing;
--- granted: the time until a grant's record ages out.
+-- (aged, when there are any) give theirs back here, and go when the state
+-- is written. When the cache is missing or impossible the log is summed
+-- again, so losing it never resets the limiter. changed: the cache is
+-- wrong; dirty: the state is written, once, by report; granted: the time
+-- until a grant's record ages out.
 local value_key, log = KEYS[2 + kind * (REQUESTS - 1)], KEYS[3 + kind * (REQUESTS - 1)]
 local cutoff = string.format('%d', NOW_MS - interval)
 local old = redis.pcall('ZRANGEBYSCORE', log, '-inf', cutoff)
 if old.err then
-  fail('corrupt ' .. log .. ': ' .. old.err)
+  error('REDLIMIT corrupt ' .. log .. ': ' .. old.err, 0)
 end
 local got = redis.pcall('GET', value_key)
-local cached = got and tonumber(got) -- nil for an error or what is not a number
+local cached = got and tonumber(got) -- nil for an error, or what is not a number
 if got and not (cached and cached % 1 == 0 and cached >= -MAX and cached <= MAX) then
-  integer(value_key, 'value', call(value_key, 'GET', value_key), -MAX, MAX) -- says what is wrong
+  error('REDLIMIT corrupt ' .. value_key .. ': ' .. (got.err or 'field value = ' .. string.format('%q', got)), 0)
 end
-local aged, available, changed, granted = #old > 0, 0, false, nil
-for i = 1, #old do
-  available = available + count_of(log, old[i])
+local aged, available, changed, dirty, granted = #old > 0, 0, false, false, nil
+if aged then
+  available = sum(log, old, 1)
 end
 if not cached or cached + available > rate then
-  available, changed = rate - sum(log, call(log, 'ZRANGEBYSCORE', log, '(' .. cutoff, '+inf')), true
+  available, changed = rate - sum(log, redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf'), 1), true
 else
   available = cached + available
 end
 --[[@wait]]
--- A denial still repairs a cache it found wrong, as a Redisson client
--- sharing the limiter reads the value key alone.
+-- Enough of the oldest records in the window must age out: of one permit or
+-- more each, so need records at most. When the whole window frees too few,
+-- the cached value was too low (a value key without its log): the log is
+-- the truth, and the value is rebuilt from it. A denial still writes a
+-- cache it found wrong, as a Redisson client sharing the limiter reads the
+-- value key alone.
 if permits > available then
-  local rebuilt
-  wait, rebuilt = until_free(log, available, permits)
-  if rebuilt then
-    available, changed = rebuilt, true
+  local need = permits - available
+  local records = redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
+  local freed, at = sum(log, records, 2, need)
+  if not at and #records / 2 < need and available ~= rate - freed then
+    available, changed, need = rate - freed, true, permits - (rate - freed)
+    if need > 0 then
+      freed, at = sum(log, records, 2, need)
+    end
   end
-  if wait > 0 and permits > 0 and changed then
-    store(value_key, log, aged and cutoff, available, reset_after(log))
-    aged = false
+  if at then
+    wait = (records[at + 1] + interval) * 1000 - NOW_US
+  elseif need > 0 then
+    wait = interval * 1000 -- records of several permits each: a full interval frees them all
   end
 end
+dirty = changed and permits > 0
 --[[@commit]]
 -- ZADD NX also tells a re-sent request: its record (same id, same member) is
 -- in the log already.
@@ -149,23 +140,35 @@ counted = redis.call('ZADD', log, 'NX', string.format('%d', NOW_MS), record(perm
 if counted then
   available, changed, granted = available - permits, true, interval * 1000 - NOW_US % 1000
 end
-if changed or aged then
-  store(value_key, log, aged and cutoff, available, granted or reset_after(log))
-end
+dirty = changed or aged
 --[[@write]]
--- Nothing: each step writes Redisson's keys itself.
+-- Nothing: report writes Redisson's keys, once.
 --[[@encode]]
 -- Never flat: Redisson's layout is a hash.
 --[[@decode]]
 --[[@resent]]
 redis.call('ZSCORE', log, record(permits)) ~= false
 --[[@report]]
-remaining, reset = available, granted or reset_after(log)
+-- The bucket is full again when its newest record ages out. The state any
+-- step left is written here, with both keys expiring then.
+remaining, reset = available, granted
+if not granted then
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
+  reset = newest and (newest + interval) * 1000 - NOW_US or 0
+  if reset < 0 then reset = 0 end
+end
+if dirty then
+  if aged then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+  end
+  store(value_key, log, available, reset > 0 and ttl(reset, stored and keepalive == 0))
+end
 --[[@release]]
 -- Permits come off the newest records, so that the log and the value stay
 -- in agreement.
 if aged then
   redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+  aged = false
 end
 local left = permits
 while left > 0 do
@@ -173,7 +176,7 @@ while left > 0 do
   if #newest == 0 then
     break
   end
-  local count = count_of(log, newest[1])
+  local count = sum(log, newest, 2)
   redis.call('ZREM', log, newest[1])
   if count > left then
     redis.call('ZADD', log, newest[2], record(count - left))
@@ -181,9 +184,7 @@ while left > 0 do
   end
   left = left - count
 end
-available = available + permits - left
-store(value_key, log, false, available, reset_after(log))
-back = permits - left
+available, back, dirty = available + permits - left, permits - left, true
 --[[@more_load]]
 -- A further rate cannot share Redisson's log: a Java client prunes it to the
 -- first rate's interval. It reads the grants log instead, a zset of every
@@ -196,7 +197,10 @@ back = permits - left
 -- before is kept in s1.
 local grants, cutoff = KEYS[4 + kind * (REQUESTS - 1)], NOW_MS - interval
 local total, last, used = 0, 0, 0
-newest_grant = newest_grant or call(grants, 'ZRANGE', grants, -1, -1, 'WITHSCORES')
+newest_grant = newest_grant or redis.pcall('ZRANGE', grants, -1, -1, 'WITHSCORES')
+if newest_grant.err then
+  error('REDLIMIT corrupt ' .. grants .. ': ' .. newest_grant.err, 0)
+end
 local newest = newest_grant
 if #newest > 0 then
   total, last = running(grants, newest[1]), tonumber(newest[2])
@@ -238,7 +242,7 @@ if K == '2' then
   if (total - total % 64) ~= (total + permits) - (total + permits) % 64 then
     redis.call('ZREMRANGEBYSCORE', grants, '-inf', NOW_MS - longest)
   end
-  redis.call('PEXPIRE', grants, string.format('%d', expiry((last + longest) * 1000 - NOW_US, grants)))
+  redis.call('PEXPIRE', grants, ttl((last + longest) * 1000 - NOW_US, stored and keepalive == 0))
 end
 --[[@more_report]]
 remaining = rate - used
@@ -277,5 +281,7 @@ local TYPES, FIELDS = { 'string', 'zset', 'zset' }, {}
 local function settle(keys)
   local log = keys[2]
   redis.call('ZREMRANGEBYSCORE', log, '-inf', NOW_MS - interval)
-  store(keys[1], log, false, rate - sum(log, call(log, 'ZRANGE', log, 0, -1)), reset_after(log))
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
+  local reset = newest and (newest + interval) * 1000 - NOW_US or 0
+  store(keys[1], log, rate - sum(log, call(log, 'ZRANGE', log, 0, -1), 1), reset > 0 and ttl(reset, stored and keepalive == 0))
 end
