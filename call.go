@@ -153,9 +153,10 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		return l.eval(ctx, req)
 	}
 	if s, ok := reply.(string); ok && decision && l.stored != nil {
-		// A default decided (four integers), or a config stored, or several
-		// rates' fields in the hash (more): see scripts/common.lua's reply.
-		if stored := strings.Count(s, " ") != 3; stored != l.stored.Load() {
+		// A default decided with no hash (four or five integers), or a
+		// config stored, or several rates' fields in the hash (six or more):
+		// see scripts/common.lua's reply.
+		if stored := strings.Count(s, " ") > 4; stored != l.stored.Load() {
 			l.stored.Store(stored)
 		}
 	}
@@ -222,13 +223,18 @@ func parseResult(reply any, dflt Config) (Result, error) {
 	s, ok := reply.(string)
 	var n [7 + 4*(maxRates-1)]int64
 	fields := 1 + strings.Count(s, " ")
-	if !ok || fields != 4 && fields != 6 && (fields < 7+4 || fields > len(n) || (fields-7)%4 != 0) ||
-		fields == 4 && dflt.Rate < 1 || !spaced(s, n[:fields]) {
+	if !ok || fields != 4 && fields != 5 && fields != 6 && (fields < 7+4 || fields > len(n) || (fields-7)%4 != 0) ||
+		fields == 4 && (dflt.Rate < 1 || len(dflt.More) > 0) || fields == 5 && len(dflt.More) == 0 ||
+		!spaced(s, n[:fields]) {
 		return Result{}, unexpected(reply)
 	}
-	if fields == 4 {
-		q := quota(dflt.Rate, dflt.Interval.Milliseconds(), dflt.Burst)
-		n[1], n[2], n[3], n[4], n[5] = q.Limit, n[1], n[2], n[3], q.Window.Milliseconds()
+	if fields == 4 || fields == 5 {
+		// The handle's default decided: it knows the limits and windows.
+		r, ok := defaultResult(n[:fields], dflt)
+		if !ok {
+			return Result{}, unexpected(reply)
+		}
+		return r, nil
 	}
 	r := Result{
 		Allowed:    n[0] == 1,
@@ -255,6 +261,29 @@ func parseResult(reply any, dflt Config) (Result, error) {
 		r.Limit, r.Window = r.Quotas[r.Bound].Limit, r.Quotas[r.Bound].Window
 	}
 	return r, nil
+}
+
+// defaultResult is the Result of a short reply, n: allowed, remaining,
+// retry and reset, then the bound with several rates, as the handle's
+// default dflt decided; false for a bound it does not have.
+func defaultResult(n []int64, dflt Config) (Result, bool) {
+	r := Result{Allowed: n[0] == 1, Remaining: n[1], RetryAfter: micros(n[2]), ResetAfter: micros(n[3])}
+	q := quota(dflt.Rate, dflt.Interval.Milliseconds(), dflt.Burst)
+	if len(n) == 4 {
+		r.Limit, r.Window = q.Limit, q.Window
+		return r, true
+	}
+	r.Bound = int(n[4])
+	if r.Bound < 0 || r.Bound > len(dflt.More) {
+		return Result{}, false
+	}
+	r.Quotas = make([]Quota, 1, 1+len(dflt.More))
+	r.Quotas[0] = q
+	for _, o := range dflt.More {
+		r.Quotas = append(r.Quotas, quota(o.Rate, o.Interval.Milliseconds(), o.Burst))
+	}
+	r.Limit, r.Window = r.Quotas[r.Bound].Limit, r.Quotas[r.Bound].Window
+	return r, true
 }
 
 // quota is a rate's Limit and Window as the scripts report them: the most

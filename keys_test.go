@@ -188,9 +188,6 @@ func TestFlatState(t *testing.T) {
 // never a wrong answer.
 func TestDefaultSourceFollowsTheLayout(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
-		if !a.namesItself {
-			t.Skip("the token bucket keeps Redisson's layout: never flat")
-		}
 		ctx := context.Background()
 		log := &commandLog{}
 		clk := newClock()
@@ -213,5 +210,19 @@ func TestDefaultSourceFollowsTheLayout(t *testing.T) {
 		assert.Equal(t, int64(10), limit(), "sent as defer: the default rules again")
 		assert.Equal(t, int64(10), limit())
 		assert.Equal(t, []string{"default", "defer", "defer", "default"}, log.sourcesSent())
+
+		// Several rates: the token bucket's state is never in the hash; the
+		// others' is, as fields.
+		two := a.new(newClient(recorded(t, rdb, log), clk), uniqueName(t)).WithDefault(tenPer10s.And(PerHour(100)))
+		for range 3 {
+			r, err := two.Allow(ctx, 1)
+			require.NoError(t, err)
+			assert.Equal(t, []Quota{{10, 10 * time.Second}, {100, time.Hour}}, r.Quotas)
+		}
+		want := []string{"default", "defer", "defer"}
+		if !a.namesItself {
+			want = []string{"default", "default", "default"}
+		}
+		assert.Equal(t, want, log.sourcesSent())
 	})
 }

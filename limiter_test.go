@@ -886,6 +886,16 @@ func TestReplyShapes(t *testing.T) {
 	r, err = parseResult("1 7 0 2000", Config{Rate: 10, Interval: time.Second, Burst: 25})
 	require.NoError(t, err)
 	assert.Equal(t, Result{Allowed: true, Limit: 25, Remaining: 7, ResetAfter: 2 * time.Millisecond, Window: 2500 * time.Millisecond}, r)
+	// With several rates, the bound follows; the quotas are the default's.
+	two := Per(10, time.Second).And(PerMinute(100))
+	r, err = parseResult("0 4 3000 2000 1", two)
+	require.NoError(t, err)
+	assert.Equal(t, Result{Limit: 100, Remaining: 4, RetryAfter: 3 * time.Millisecond, ResetAfter: 2 * time.Millisecond,
+		Window: time.Minute, Bound: 1, Quotas: []Quota{{10, time.Second}, {100, time.Minute}}}, r)
+	for _, reply := range []string{"0 4 3000 2000 2", "0 4 3000 2000 -1", "1 7 0 2000"} {
+		_, err = parseResult(reply, two)
+		assert.ErrorIs(t, err, ErrUnexpectedReply, "%s: a bound the default has, and one with several rates", reply)
+	}
 	for _, reply := range []any{[]any{"missing"}, []any{"missing", "x"}, []any{"missing", []any{int64(1)}}} {
 		_, ok := missingClients(reply)
 		assert.False(t, ok, "%#v", reply)

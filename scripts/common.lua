@@ -423,16 +423,21 @@ if op == 'allow' or op == 'release' then
     -- one string (one value for the client to read, not six): allowed 0 or
     -- 1, retry after µs (-1: never), reset after µs, window ms: the span
     -- limit applies to, the interval or the time a funnel's burst takes to
-    -- drain. When the handle's default decided ('default …' or 'defer …'),
-    -- its client knows the limit and window: 'allowed remaining retry
-    -- reset', which also tells it, for an IN_CONFIG algorithm, that the
-    -- state was flat or none (for its next source, default or defer). With
-    -- several rates, limit and window are still the first rate's, and
-    -- follow: the index of the rate that bound the answer (0 for the first)
-    -- and the further rates as more holds them, 'rate interval-ms burst
-    -- buckets' each (the client works out their limits and windows:
-    -- formatting them here would cost every call).
-    if not stored and not rates and d == 100 and not (IN_CONFIG and f) then
+    -- drain. With several rates, limit and window are still the first
+    -- rate's, and follow: the index of the rate that bound the answer (0
+    -- for the first) and the further rates as more holds them, 'rate
+    -- interval-ms burst buckets' each (the client works out their limits and
+    -- windows: formatting them here would cost every call).
+    -- When the handle's default decided ('default …' or 'defer …') and no
+    -- hash holds the state, its client knows every limit and window:
+    -- 'allowed remaining retry reset', and the bound with several rates.
+    -- That shape also tells it that its next decision finds no hash (source
+    -- default, not defer): the token bucket's state is never in KEYS[1],
+    -- the others' is there as fields once they have several rates.
+    if not stored and d == 100 and not (IN_CONFIG and (f or rates)) then
+      if rates then
+        return string.format('%d %d %d %d %d', allowed, remaining, retry, reset, bound)
+      end
       return string.format('%d %d %d %d', allowed, remaining, retry, reset)
     end
     local window = limit * interval / rate
