@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,15 +134,41 @@ func TestFlatState(t *testing.T) {
 		require.NoError(t, err)
 		assert.True(t, left > want.ttl-time.Second && left <= want.ttl, "RemainTimeToLive %v", left)
 
-		// Another handle with two rates: the state becomes the hash's fields,
-		// and both handles count in it.
+		// Another handle with two rates keeps it flat, the minute's part
+		// after a ';' (a funnel of 100 per minute: 600ms a permit), and both
+		// handles count in it; the one-rate handle keeps the part it does not
+		// know.
 		two := a.new(c, name).WithDefault(tenPer10s.And(PerMinute(100)))
 		_, err = two.Allow(ctx, 1)
 		require.NoError(t, err)
-		assert.Equal(t, "hash", rdb.Type(ctx, l.Name()).Val())
+		minute := map[string]string{
+			"funnel":         fmt.Sprint(clk.Now().UnixMicro() + 600_000),
+			"fixed_window":   fmt.Sprintf("%d 1", ms),
+			"sliding_window": fmt.Sprintf("%d:1", ms),
+		}[a.name]
+		assert.Equal(t, "string", rdb.Type(ctx, l.Name()).Val())
+		assert.Equal(t, []string{map[string]string{
+			"funnel":         fmt.Sprint(clk.Now().UnixMicro() + 5_000_000),
+			"fixed_window":   fmt.Sprintf("%d 5", ms),
+			"sliding_window": fmt.Sprintf("%d:5", ms),
+		}[a.name], minute}, strings.Split(rdb.Get(ctx, l.Name()).Val(), ";"))
+		// It expires when the last rate is full again: the windows' when
+		// the minute ends, the funnel's when its 10s rate has drained 5
+		// permits.
+		lastFull := time.Minute
+		if a.name == "funnel" {
+			lastFull = 5 * time.Second
+		}
+		assertTTL(lastFull)
 		assertAvailable(t, l, 5)
 		_, err = l.Allow(ctx, 1)
 		require.NoError(t, err)
+		assertAvailable(t, two, 4)
+		assert.Equal(t, minute, strings.Split(rdb.Get(ctx, l.Name()).Val(), ";")[1])
+		// SetRate turns each part into its rate's fields.
+		require.NoError(t, a.new(c, name).SetRate(ctx, tenPer10s.And(PerMinute(100))))
+		field := map[string][2]string{"funnel": {"tat2", minute}, "fixed_window": {"count2", "1"}, "sliding_window": {"counts2", minute}}[a.name]
+		assert.Equal(t, field[1], rdb.HGet(ctx, l.Name(), field[0]).Val())
 		assertAvailable(t, two, 4)
 
 		// Released to nothing, a flat state goes.
@@ -212,17 +239,13 @@ func TestDefaultSourceFollowsTheLayout(t *testing.T) {
 		assert.Equal(t, []string{"default", "defer", "defer", "default"}, log.sourcesSent())
 
 		// Several rates: the token bucket's state is never in the hash; the
-		// others' is, as fields.
+		// others' is flat.
 		two := a.new(newClient(recorded(t, rdb, log), clk), uniqueName(t)).WithDefault(tenPer10s.And(PerHour(100)))
 		for range 3 {
 			r, err := two.Allow(ctx, 1)
 			require.NoError(t, err)
 			assert.Equal(t, []Quota{{10, 10 * time.Second}, {100, time.Hour}}, r.Quotas)
 		}
-		want := []string{"default", "defer", "defer"}
-		if !a.namesItself {
-			want = []string{"default", "default", "default"}
-		}
-		assert.Equal(t, want, log.sourcesSent())
+		assert.Equal(t, []string{"default", "default", "default"}, log.sourcesSent())
 	})
 }

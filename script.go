@@ -72,7 +72,7 @@ func paste(skeleton, algorithm string) string {
 			sections[name] += line
 		}
 	}
-	for _, step := range []string{"load", "wait", "commit", "encode", "write", "report", "release"} {
+	for _, step := range []string{"decode", "load", "wait", "commit", "encode", "write", "report", "release"} {
 		if _, ok := sections["more_"+step]; !ok && strings.Contains(skeleton, "--[[@more_"+step+"]]") {
 			sections["more_"+step] = sections[step]
 		}

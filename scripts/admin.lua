@@ -103,18 +103,26 @@ local function flat()
 end
 
 -- flat_fields reads a flat state as the hash fields it encodes, field and
--- value alternating, or nil when KEYS[1] holds none. Each field is one
--- space-separated part, of digits (the sliding window's also ':' and ','),
--- as the algorithm's encode writes it; anything else is corrupt.
+-- value alternating, or nil when KEYS[1] holds none. Each rate's part (';'
+-- between them) is empty or has one space-separated piece per field, of
+-- digits (the sliding window's also ':' and ','), as the algorithm's encode
+-- writes it; anything else is corrupt.
 local function flat_fields()
   if not flat() then
     return nil
   end
-  local value, fields = redis.call('GET', KEYS[1]), {}
-  for part in string.gmatch(value, '[^ ]+') do
-    fields[#fields + 1], fields[#fields + 2] = FIELDS[#fields / 2 + 1] or '', part
+  local value, fields, rates = redis.call('GET', KEYS[1]), {}, 0
+  local ok = not string.find(value, '[^%d:, ;]')
+  for part in string.gmatch(value .. ';', '([^;]*);') do
+    rates = rates + 1
+    local K, pieces = rates == 1 and '' or rates .. '', 0
+    for piece in string.gmatch(part, '[^ ]+') do
+      pieces = pieces + 1
+      fields[#fields + 1], fields[#fields + 2] = (FIELDS[pieces] or '') .. K, piece
+    end
+    ok = ok and (pieces == 0 or pieces == #FIELDS) and rates <= MAX_RATES
   end
-  if #fields ~= 2 * #FIELDS or string.find(value, '[^%d:, ]') then
+  if not ok then
     fail('corrupt ' .. KEYS[1] .. ': ' .. string.format('%q', value))
   end
   return fields
@@ -325,7 +333,9 @@ if op == 'set' or op == 'tryset' then
     -- refuses a script's first write when out of memory, and never DEL.
     redis.call('SET', KEYS[1], '', 'KEEPTTL')
     redis.call('DEL', KEYS[1])
-    redis.call('HSET', KEYS[1], unpack(fields))
+    if #fields > 0 then
+      redis.call('HSET', KEYS[1], unpack(fields))
+    end
   end
   write_config(new)
   stored = true

@@ -18,8 +18,9 @@
 -- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
 --          keepAliveTime ms as Redisson keeps them; burst, buckets and
 --          algorithm for ours) and, when IN_CONFIG, the Overall state too;
---          or, when IN_CONFIG and no config is stored, a flat state: one
---          rate's Overall state as a string (encode's), with its expiry
+--          or, when IN_CONFIG and no config is stored, a flat state: the
+--          Overall state as a string, each rate's as its encode writes it,
+--          ';' between them, with its expiry
 -- KEYS[2 ..]  the Overall state keys, N of them (none when IN_CONFIG)
 -- KEYS[REGISTRY]  client registry: zset of PerClient ids, score = last grant in ms
 -- KEYS[REQUESTS]  request log: zset of recent request ids, score = when forgotten in ms
@@ -79,7 +80,7 @@
 --   write     writes the state as fields (HSET, or HDEL when nothing is
 --             left); where expire is set, every field. The skeleton writes
 --             a flat state and sets the expiry, once
---   decode    sets s1 and s2 from flat, a flat state (IN_CONFIG)
+--   decode    sets s1 and s2 from flat, a rate's part of a flat state (IN_CONFIG)
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
 --   admin     admin.lua's: TYPES (each state key's Redis type), FIELDS
@@ -142,8 +143,8 @@ end
 -- or fails a check here goes on to admin.lua, which says what is wrong.
 if op == 'allow' or op == 'release' then
   -- KEYS[1] is a hash, or, for an IN_CONFIG algorithm, a flat state: while
-  -- no config is stored, one rate's Overall state as a plain string (the
-  -- encode section's), which GET reads and SET … PX writes at less cost
+  -- no config is stored, the Overall state as a plain string (each rate's
+  -- as its encode section writes it), which GET reads and SET … PX writes at less cost
   -- than HMGET, HSET and PEXPIRE. Each read is the likelier one first, and
   -- costs a failed command when wrong: GET for a default whose last
   -- decision found no hash (SOURCE default), HMGET for any other (defer,
@@ -229,22 +230,31 @@ if op == 'allow' or op == 'release' then
   if ok then
     if burst == 0 then burst = rate end
     if buckets == 0 then buckets = 10 end
-    local where, s1, s2 = KEYS[1], nil, nil
+    -- A flat state holds each rate's part, ';' between them; rest: the
+    -- parts after the one read, kept for the further rates (and, beyond
+    -- this handle's, for another handle's default that has more).
+    local where, s1, s2, rest = KEYS[1], nil, nil, nil
     if f then
       s1, s2 = f[S], f[S + 1]
     elseif flat then
-      --[[@decode]]
+      local cut = string.find(flat, ';', 1, true)
+      if cut then -- not one assignment: gopher-lua (miniredis) assigns flat before it reads it again
+        rest = string.sub(flat, cut + 1)
+        flat = string.sub(flat, 1, cut - 1)
+      end
+      if flat ~= '' then
+        --[[@decode]]
+      end
     end
     -- A defer that found neither config nor state sees whether KEYS[1] is
     -- there at all: if not, the state is written flat, and the short reply
     -- sends the handle back to default.
-    if IN_CONFIG and f and not stored and not s1 and not s2 and kind == 0 and not rates and d == 100 and a == 101
+    if IN_CONFIG and f and not stored and not s1 and not s2 and kind == 0 and d == 100 and a == 101
         and redis.call('EXISTS', KEYS[1]) == 0 then
       f = nil
     end
-    -- The state is written flat when it can be: see above. A flat state met
-    -- with several rates becomes fields when they write.
-    local flat_write = IN_CONFIG and not f and kind == 0 and not rates
+    -- The state is written flat when it can be: see above.
+    local flat_write = IN_CONFIG and not f and kind == 0
     if IN_CONFIG and kind == 1 then
       where = KEYS[REQUESTS + 1]
       local g = redis.pcall('HMGET', where--[[@fields]])
@@ -279,10 +289,20 @@ if op == 'allow' or op == 'release' then
             rates[4 * i]
         if interval > longest then longest = interval end
         local s1, s2
-        if IN_CONFIG and (f or where ~= KEYS[1]) then -- a flat state is one rate's
+        if IN_CONFIG and (f or where ~= KEYS[1]) then
           local g = redis.pcall('HMGET', where--[[@fields]])
           if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
           s1, s2 = g[1], g[2]
+        elseif rest then
+          local flat, cut = rest, string.find(rest, ';', 1, true)
+          rest = nil
+          if cut then
+            rest = string.sub(flat, cut + 1)
+            flat = string.sub(flat, 1, cut - 1)
+          end
+          if flat ~= '' then
+            --[[@more_decode]]
+          end
         end
         --[[@more_load]]
         states[2 * i - 1], states[2 * i] = s1, s2
@@ -322,15 +342,10 @@ if op == 'allow' or op == 'release' then
       --[[@release]]
     end
     -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry. A flat state met with several rates
-    -- gives way to the fields.
+    -- written below, with its expiry.
     if wrote then
       --[[@encode]]
       if not flat_write then
-        if flat and where == KEYS[1] then
-          redis.call('DEL', KEYS[1])
-          expire = true
-        end
         --[[@write]]
       end
     end
@@ -339,6 +354,9 @@ if op == 'allow' or op == 'release' then
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.
+    -- parts: the further rates' parts of a flat state, each after a ';';
+    -- moved: the expiry of one of them moves.
+    local parts, moved
     if rates then
       local least, latest, given = remaining, reset, back
       for i = 1, n / 4 do
@@ -355,8 +373,13 @@ if op == 'allow' or op == 'release' then
           if back < given then given = back end
         end
         if wrote then
+          local value, expire = nil, false
           --[[@more_encode]]
-          --[[@more_write]]
+          if flat_write then
+            parts, moved = (parts or '') .. ';' .. (value or ''), moved or expire
+          else
+            --[[@more_write]]
+          end
         end
         --[[@more_report]]
         if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
@@ -377,7 +400,18 @@ if op == 'allow' or op == 'release' then
         and redis.call('PTTL', KEYS[1])
     local ms = (reset + (-reset) % 1000) / 1000
     if ms < 1 then ms = 1 end
-    if flat_write then
+    if flat_write and wrote and (parts or rest) then
+      -- Several rates' parts: gone when every one is empty, and expiring
+      -- when the last rate is full again.
+      value = (value or '') .. (parts or '') .. (rest and ';' .. rest or '')
+      if string.find(value, '^;*$') then
+        redis.call('DEL', KEYS[1])
+      elseif expire or moved then
+        redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ms))
+      else
+        redis.call('SET', KEYS[1], value, 'KEEPTTL')
+      end
+    elseif flat_write then
       if value and expire then
         redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ms))
       elseif value then
@@ -434,7 +468,7 @@ if op == 'allow' or op == 'release' then
     -- That shape also tells it that its next decision finds no hash (source
     -- default, not defer): the token bucket's state is never in KEYS[1],
     -- the others' is there as fields once they have several rates.
-    if not stored and d == 100 and not (IN_CONFIG and (f or rates)) then
+    if not stored and d == 100 and not (IN_CONFIG and f) then
       if rates then
         return string.format('%d %d %d %d %d', allowed, remaining, retry, reset, bound)
       end

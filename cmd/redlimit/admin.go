@@ -158,25 +158,39 @@ func classify(f []any) (algorithm string, stored bool) {
 	return "", false
 }
 
-// flatState matches the flat states the funnel (a TAT), the fixed window
-// ('start count') and the sliding window ('start:count,gap:count…') keep
-// in a limiter's key while no config is stored (the README's "Keys in
-// Redis"): the shapes their scripts accept.
-var flatState = regexp.MustCompile(`^(?:(\d+)|(\d+ \d+)|(\d+:\d+(?:,\d+:\d+)*))$`)
+// flatShapes are the flat states the funnel (a TAT), the fixed window
+// ('start count') and the sliding window ('start:count,gap:count…') keep in
+// a limiter's key while no config is stored (the README's "Keys in Redis"),
+// one part per rate with ';' between them: the shapes their scripts accept.
+var flatShapes = []struct {
+	algorithm string
+	part      *regexp.Regexp
+}{
+	{"funnel", regexp.MustCompile(`^\d+$`)},
+	{"fixed_window", regexp.MustCompile(`^\d+ \d+$`)},
+	{"sliding_window", regexp.MustCompile(`^\d+:\d+(?:,\d+:\d+)*$`)},
+}
 
-// flatAlgorithm tells the algorithm whose flat state value is, or "".
+// flatAlgorithm tells the algorithm whose flat state value is, or "": each
+// rate's part is empty or of that algorithm's shape, and one is not empty.
 func flatAlgorithm(value string) string {
-	m := flatState.FindStringSubmatchIndex(value)
-	switch {
-	case m == nil:
-		return ""
-	case m[2] >= 0:
-		return "funnel"
-	case m[4] >= 0:
-		return "fixed_window"
-	default:
-		return "sliding_window"
+	algorithm := ""
+	for _, part := range strings.Split(value, ";") {
+		if part == "" {
+			continue
+		}
+		found := ""
+		for _, shape := range flatShapes {
+			if shape.part.MatchString(part) {
+				found = shape.algorithm
+			}
+		}
+		if found == "" || algorithm != "" && found != algorithm {
+			return ""
+		}
+		algorithm = found
 	}
+	return algorithm
 }
 
 // locate finds which algorithm holds name, reading only: the hash's fields,

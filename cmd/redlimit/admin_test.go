@@ -749,3 +749,17 @@ func TestSeveralRates(t *testing.T) {
 		}
 	})
 }
+
+// A flat state tells its algorithm by its shape, one part per rate.
+func TestFlatAlgorithm(t *testing.T) {
+	for value, want := range map[string]string{
+		"1700000000000000": "funnel", "1700000000000000;1700000000600000": "funnel", ";1700000000600000": "funnel",
+		"1699999200000 3": "fixed_window", "1699999200000 5;1699999200000 1": "fixed_window",
+		"1699999200000:3,1000:2": "sliding_window", "1699999200000:3;": "sliding_window",
+		"": "", ";": "", "x": "", "1 2;3": "", "1;2 3": "", "1:2;3": "", "1;x": "",
+	} {
+		if got := flatAlgorithm(value); got != want {
+			t.Errorf("flatAlgorithm(%q) = %q, want %q", value, got, want)
+		}
+	}
+}
