@@ -88,8 +88,11 @@ type childSpec struct {
 	Cluster    bool     `json:"cluster"`
 	Names      []string `json:"names"`
 	Goroutines int      `json:"goroutines"`
-	Start      int64    `json:"start"` // Unix µs: every child begins then...
-	Stop       int64    `json:"stop"`  // ...and starts no call after this
+	// Defaults: the limiters have no stored config, and each child's
+	// handles use multiConcConfig as their default (WithDefault).
+	Defaults bool  `json:"defaults,omitempty"`
+	Start    int64 `json:"start"` // Unix µs: every child begins then...
+	Stop     int64 `json:"stop"`  // ...and starts no call after this
 }
 
 // decision is one answer of a limiter, as a child reports it.
@@ -196,6 +199,10 @@ func runChild(spec childSpec) (*childReport, error) {
 	limiters := make([]*Limiter, len(spec.Names))
 	for i, name := range spec.Names {
 		limiters[i] = algs[i].new(client, name)
+		if spec.Defaults {
+			cfg, _ := multiConcConfig(algs[i])
+			limiters[i] = limiters[i].WithDefault(cfg)
+		}
 		// A peek (it writes nothing) loads the script and the cluster slots.
 		if _, err := limiters[i].Allow(ctx, 0); err != nil {
 			return nil, err
@@ -278,10 +285,12 @@ func (r *childReport) of(i int) []decision {
 // redis-server, and its Cluster with one limiter on each primary. setup
 // returns their addresses, a client, and the hash tags that place
 // concLimiters limiters.
-var concBackends = []struct {
+type concBackend struct {
 	name  string
 	setup func(t *testing.T) (addrs []string, rdb redis.Scripter, tags []string)
-}{
+}
+
+var concBackends = []concBackend{
 	{"redis", func(t *testing.T) ([]string, redis.Scripter, []string) {
 		s := redistest.Shared(t)
 		return []string{s.Addr()}, s.Client(t), []string{"", "", ""}
@@ -580,7 +589,9 @@ const multiConcDuration = 1500 * time.Millisecond
 
 // Several rates, decided under the same load as TestExactnessUnderConcurrency
 // (concProcesses × concGoroutines), on one limiter of each algorithm at once
-// (on the Cluster, spread over the primaries): the grants over the run are
+// (on the Cluster, spread over the primaries), stored and as every
+// handle's default (the funnel's and the windows' state is then flat): the
+// grants over the run are
 // exactly the tightest bound, the further rate's; every denial is justified
 // by the rate it names as Bound (the first: its window was full; the
 // further one: all of its permits may have been granted before it); the
@@ -592,40 +603,59 @@ func TestMultiRateExactUnderConcurrency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes for ~10s")
 	}
-	ctx := context.Background()
 	for _, b := range concBackends {
 		t.Run(b.name, func(t *testing.T) {
-			addrs, rdb, tags := b.setup(t)
-			for attempt := 1; ; attempt++ {
-				names, algs := make([]string, len(algorithms)), make([]string, len(algorithms))
-				for i, a := range algorithms {
-					cfg, _ := multiConcConfig(a)
-					names[i], algs[i] = fmt.Sprintf("%s%s-%s", tags[i%len(tags)], uniqueName(t), a.name), a.name
-					require.NoError(t, a.new(New(rdb), names[i]).SetRate(ctx, cfg))
-				}
-				start := time.Now().Add(time.Second) // the children's start-up, before it
-				spec := childSpec{
-					Algorithms: algs, Addrs: addrs, Cluster: b.name == "cluster", Names: names,
-					Goroutines: concGoroutines, Start: start.UnixMicro(), Stop: start.Add(multiConcDuration).UnixMicro(),
-				}
-				began := time.Now()
-				report := runChildren(t, spec)
-				require.Zero(t, report.Errors, "errors in the children: %v", report.First)
-				t.Logf("run %d: %v; slowest call %v", attempt, time.Since(began).Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
-				time.Sleep(200 * time.Millisecond) // every first rate is full again
-				proved := true
-				for i, a := range algorithms {
-					proved = checkMultiRateRun(t, a, a.new(New(rdb), names[i]), report.of(i)) && proved
-				}
-				if proved {
-					break
-				}
-				if attempt == 3 {
-					t.Errorf("demand did not take every permit, or never outran the first rate, in %d runs", attempt)
-					break
-				}
-			}
+			t.Run("stored", func(t *testing.T) { multiRateRuns(t, b, false) })
+			t.Run("default", func(t *testing.T) { multiRateRuns(t, b, true) })
 		})
+	}
+}
+
+// multiRateRuns runs TestMultiRateExactUnderConcurrency on one backend: up
+// to three runs, until one proves exactness.
+func multiRateRuns(t *testing.T, b concBackend, defaults bool) {
+	ctx := context.Background()
+	addrs, rdb, tags := b.setup(t)
+	handle := func(a algo, name string) *Limiter {
+		l := a.new(New(rdb), name)
+		if cfg, _ := multiConcConfig(a); defaults {
+			return l.WithDefault(cfg)
+		}
+		return l
+	}
+	for attempt := 1; ; attempt++ {
+		names, algs := make([]string, len(algorithms)), make([]string, len(algorithms))
+		for i, a := range algorithms {
+			cfg, _ := multiConcConfig(a)
+			names[i], algs[i] = fmt.Sprintf("%s%s-%s", tags[i%len(tags)], uniqueName(t), a.name), a.name
+			if !defaults {
+				require.NoError(t, a.new(New(rdb), names[i]).SetRate(ctx, cfg))
+			}
+		}
+		start := time.Now().Add(time.Second) // the children's start-up, before it
+		spec := childSpec{
+			Algorithms: algs, Addrs: addrs, Cluster: b.name == "cluster", Names: names, Defaults: defaults,
+			Goroutines: concGoroutines, Start: start.UnixMicro(), Stop: start.Add(multiConcDuration).UnixMicro(),
+		}
+		began := time.Now()
+		report := runChildren(t, spec)
+		require.Zero(t, report.Errors, "errors in the children: %v", report.First)
+		t.Logf("run %d: %v; slowest call %v", attempt, time.Since(began).Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
+		time.Sleep(200 * time.Millisecond) // every first rate is full again
+		proved := true
+		for i, a := range algorithms {
+			proved = checkMultiRateRun(t, a, handle(a, names[i]), report.of(i)) && proved
+			if defaults && a.namesItself {
+				assert.Equal(t, "string", rdb.(redis.Cmdable).Type(ctx, names[i]).Val(), "%s: a default's state is flat", a.name)
+			}
+		}
+		if proved {
+			break
+		}
+		if attempt == 3 {
+			t.Errorf("demand did not take every permit, or never outran the first rate, in %d runs", attempt)
+			break
+		}
 	}
 }
 
