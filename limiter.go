@@ -87,7 +87,7 @@ type Limiter struct {
 	config any
 	dflt   Config
 	// stored: with a default, whether the last decision found the limiter's
-	// hash (a stored config, or several rates' state) rather than a flat
+	// hash (a stored config, or state kept as its fields) rather than a flat
 	// state or nothing (scripts/common.lua); the next one then sends
 	// deferConfig, its default as sourceDefer, and the script reads the hash
 	// first. Shared by the handles derived from one.
