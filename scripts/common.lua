@@ -144,11 +144,12 @@ end
 if op == 'allow' or op == 'release' then
   -- KEYS[1] is a hash, or, for an IN_CONFIG algorithm, a flat state: while
   -- no config is stored, the Overall state as a plain string (each rate's
-  -- as its encode section writes it), which GET reads and SET … PX writes at less cost
-  -- than HMGET, HSET and PEXPIRE. Each read is the likelier one first, and
-  -- costs a failed command when wrong: GET for a default whose last
-  -- decision found no hash (SOURCE default), HMGET for any other (defer,
-  -- a stored config only, fixed). d and a: ARGV[4]'s first and fourth
+  -- as its encode section writes it), which GET reads and SET … PX writes
+  -- at less cost than HMGET, HSET and PEXPIRE. Each read is the likelier
+  -- one first, and costs a failed command when wrong: GET for a default
+  -- whose last decision found no hash (SOURCE default), HMGET for any
+  -- other (defer, a stored config only, fixed); a token bucket's default
+  -- only asks whether the hash exists. d and a: ARGV[4]'s first and fourth
   -- bytes, 'd' for either default and 'a' for default.
   -- f: rate, interval, type, keepAliveTime, algorithm, more, then burst
   -- (BURST) or buckets (BUCKETS), then the state's fields, or nil; flat:
@@ -465,9 +466,8 @@ if op == 'allow' or op == 'release' then
     -- When the handle's default decided ('default …' or 'defer …') and no
     -- hash holds the state, its client knows every limit and window:
     -- 'allowed remaining retry reset', and the bound with several rates.
-    -- That shape also tells it that its next decision finds no hash (source
-    -- default, not defer): the token bucket's state is never in KEYS[1],
-    -- the others' is there as fields once they have several rates.
+    -- That shape also tells it that its next decision finds no hash
+    -- (source default, not defer).
     if not stored and d == 100 and not (IN_CONFIG and f) then
       if rates then
         return string.format('%d %d %d %d %d', allowed, remaining, retry, reset, bound)
