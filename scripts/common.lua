@@ -205,7 +205,6 @@ if op == 'allow' or op == 'release' then
   -- cover every byte.
   local rates, n = nil, 0
   if ok and more and more ~= '' then
-    rates = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 } -- sized for MAX_RATES - 1
     local last = 0
     ok = string.byte(more, -1) ~= 32 -- a space
     while ok and last < #more do
@@ -220,7 +219,11 @@ if op == 'allow' or op == 'release' then
         if b == '0' then b = r else b = b + 0 end
         if bk == '0' then bk = 10 else bk = bk + 0 end
         ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
-        rates[n + 1], rates[n + 2], rates[n + 3], rates[n + 4] = r, i, b, bk
+        if rates then
+          rates[n + 1], rates[n + 2], rates[n + 3], rates[n + 4] = r, i, b, bk
+        else
+          rates = { r, i, b, bk } -- built whole: one further rate is the usual
+        end
         n = n + 4
       end
     end
