@@ -74,9 +74,11 @@ local function running(grants, member)
   return tonumber(total), tonumber(permits) -- not + 0: gopher-lua (miniredis) reads 010 as octal
 end
 
--- newest_grant is the grants log's newest record (member, score), read by
--- the first further rate and shared by the others.
-local newest_grant
+-- newest_total and newest_last: the grants log's newest record, its running
+-- total and its time in ms (0 and 0 for an empty log), read by the first
+-- further rate and shared by the others and by their steps after the
+-- decision.
+local newest_total, newest_last
 
 --[[@fields]]
 --[[@capacity]]
@@ -194,24 +196,24 @@ available, back, dirty = available + permits - left, permits - left, true
 -- rate's usage is the newest total less the total before its oldest grant
 -- in the window: two lookups, however many grants the window holds.
 -- The rate's steps after the decision load it again: the usage found
--- before is kept in s1.
-local grants, cutoff = KEYS[4 + kind * (REQUESTS - 1)], NOW_MS - interval
-local total, last, used = 0, 0, 0
-newest_grant = newest_grant or redis.pcall('ZRANGE', grants, -1, -1, 'WITHSCORES')
-if newest_grant.err then
-  error('REDLIMIT corrupt ' .. grants .. ': ' .. newest_grant.err, 0)
+-- before is kept in s1. since: the window's start, for ZRANGEBYSCORE.
+local grants, since = KEYS[4 + kind * (REQUESTS - 1)], not s1 and string.format('(%d', NOW_MS - interval)
+if not newest_total then
+  local newest = redis.pcall('ZRANGE', grants, -1, -1, 'WITHSCORES')
+  if newest.err then
+    error('REDLIMIT corrupt ' .. grants .. ': ' .. newest.err, 0)
+  end
+  newest_total, newest_last = 0, 0
+  if #newest > 0 then
+    newest_total, newest_last = running(grants, newest[1]), tonumber(newest[2])
+  end
 end
-local newest = newest_grant
-if #newest > 0 then
-  total, last = running(grants, newest[1]), tonumber(newest[2])
-  if s1 then
-    used = s1
-  else
-    local oldest = redis.call('ZRANGEBYSCORE', grants, '(' .. cutoff, '+inf', 'LIMIT', 0, 1)
-    if #oldest > 0 then
-      local after, n = running(grants, oldest[1])
-      used = total - (after - n)
-    end
+local total, last, used = newest_total, newest_last, s1 or 0
+if not s1 and total > 0 then
+  local oldest = redis.call('ZRANGEBYSCORE', grants, since, '+inf', 'LIMIT', 0, 1)
+  if #oldest > 0 then
+    local after, n = running(grants, oldest[1])
+    used = total - (after - n)
   end
 end
 s1 = used
@@ -222,7 +224,7 @@ local need = used + permits - rate
 if need > 0 then
   wait = interval * 1000 -- not reached: permits <= rate, so the window holds enough to free
   local base = total - used
-  local records = redis.call('ZRANGEBYSCORE', grants, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
+  local records = redis.call('ZRANGEBYSCORE', grants, since, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
   for i = 1, #records, 2 do
     if running(grants, records[i]) - base >= need then
       wait = (tonumber(records[i + 1]) + interval) * 1000 - NOW_US
@@ -270,7 +272,7 @@ if K == '2' then
     left = left - n
   end
 end
-newest = redis.call('ZRANGE', grants, -1, -1, 'WITHSCORES')
+local newest = redis.call('ZRANGE', grants, -1, -1, 'WITHSCORES')
 if #newest > 0 then
   last = tonumber(newest[2])
 end
