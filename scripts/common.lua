@@ -200,9 +200,9 @@ if op == 'allow' or op == 'release' then
       kind, burst, buckets, keepalive = t + 0, b + 0, bk + 0, ka + 0
     end
   end
-  -- The further rates, flat: rate, interval, burst, buckets of each (n
-  -- numbers). Each match starts where the last one ended, so the checks
-  -- cover every byte.
+  -- The further rates, n of them: rate, interval, burst, buckets of each,
+  -- flat. Each match starts where the last one ended, so the checks cover
+  -- every byte.
   local rates, n = nil, 0
   if ok and more and more ~= '' then
     local last = 0
@@ -210,7 +210,7 @@ if op == 'allow' or op == 'release' then
     while ok and last < #more do
       local _, r, i, b, bk
       _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', last + 1)
-      if not last or n == (MAX_RATES - 1) * 4 then
+      if not last or n == MAX_RATES - 1 then
         ok = false
       else
         -- Only a funnel has a burst and only a sliding window buckets: the
@@ -220,11 +220,12 @@ if op == 'allow' or op == 'release' then
         if bk == '0' then bk = 10 else bk = bk + 0 end
         ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
         if rates then
-          rates[n + 1], rates[n + 2], rates[n + 3], rates[n + 4] = r, i, b, bk
+          local j = 4 * n
+          rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4] = r, i, b, bk
         else
           rates = { r, i, b, bk } -- built whole: one further rate is the usual
         end
-        n = n + 4
+        n = n + 1
       end
     end
   end
@@ -284,13 +285,13 @@ if op == 'allow' or op == 'release' then
     -- state goes into states, for its steps after the decision, and a
     -- decision weighs its wait. Every rate must allow: a denial is bound by
     -- the longest wait, or by the first rate that can never grant so many.
-    local suffixes, states, longest
+    local states, longest
     if rates then
-      suffixes, states, longest = { '2', '3', '4' }, {}, 0 -- MAX_RATES
+      states, longest = { nil, nil }, 0 -- sized for one further rate, the usual
       local most = wait
-      for i = 1, n / 4 do
-        local K, rate, interval, burst, buckets = suffixes[i], rates[4 * i - 3], rates[4 * i - 2], rates[4 * i - 1],
-            rates[4 * i]
+      for i = 1, n do
+        local j, K = 4 * i - 4, i == 1 and '2' or i == 2 and '3' or '4' -- MAX_RATES
+        local rate, interval, burst, buckets = rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4]
         if interval > longest then longest = interval end
         local s1, s2
         if IN_CONFIG and (f or where ~= KEYS[1]) then
@@ -359,13 +360,13 @@ if op == 'allow' or op == 'release' then
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.
     -- parts: the further rates' parts of a flat state, each after a ';';
-    -- moved: the expiry of one of them moves.
-    local parts, moved
+    -- moved: the expiry of one of them moves; kept: one of them is not empty.
+    local parts, moved, kept
     if rates then
       local least, latest, given = remaining, reset, back
-      for i = 1, n / 4 do
-        local K, rate, interval, burst, buckets = suffixes[i], rates[4 * i - 3], rates[4 * i - 2], rates[4 * i - 1],
-            rates[4 * i]
+      for i = 1, n do
+        local j, K = 4 * i - 4, i == 1 and '2' or i == 2 and '3' or '4' -- MAX_RATES
+        local rate, interval, burst, buckets = rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4]
         local s1, s2 = states[2 * i - 1], states[2 * i]
         --[[@more_load]]
         local limit = --[[@capacity]]
@@ -380,7 +381,7 @@ if op == 'allow' or op == 'release' then
           local value, expire = nil, false
           --[[@more_encode]]
           if flat_write then
-            parts, moved = (parts or '') .. ';' .. (value or ''), moved or expire
+            parts, moved, kept = (parts or '') .. ';' .. (value or ''), moved or expire, kept or value
           else
             --[[@more_write]]
           end
@@ -407,13 +408,15 @@ if op == 'allow' or op == 'release' then
     if flat_write and wrote and (parts or rest) then
       -- Several rates' parts: gone when every one is empty, and expiring
       -- when the last rate is full again.
-      value = (value or '') .. (parts or '') .. (rest and ';' .. rest or '')
-      if string.find(value, '^;*$') then
+      if not (value or kept or rest and string.find(rest, '[^;]')) then
         redis.call('DEL', KEYS[1])
-      elseif expire or moved then
-        redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ms))
       else
-        redis.call('SET', KEYS[1], value, 'KEEPTTL')
+        value = (value or '') .. (parts or '') .. (rest and ';' .. rest or '')
+        if expire or moved then
+          redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ms))
+        else
+          redis.call('SET', KEYS[1], value, 'KEEPTTL')
+        end
       end
     elseif flat_write then
       if value and expire then
@@ -437,7 +440,7 @@ if op == 'allow' or op == 'release' then
         error('REDLIMIT corrupt ' .. KEYS[REGISTRY] .. ': ' .. added.err, 0)
       end
       local life = math.max(interval, burst * interval / rate)
-      for j = 1, n, 4 do
+      for j = 1, 4 * n, 4 do
         life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
       end
       local ms = life + (-life) % 1
