@@ -7,9 +7,11 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,12 +32,17 @@ func (t *tally) add(o tally) {
 
 // sample is one contender's measured slice of one round.
 type sample struct {
-	tally            // completed while measuring
-	rate     float64 // decisions per second
-	usec     float64 // Redis µs per EVALSHA (INFO commandstats)
-	calls    int64   // EVALSHA calls Redis ran while measuring
-	allocs   float64 // Go heap allocations per decision, whole process
-	p50, p99 time.Duration
+	tally          // completed while measuring
+	rate   float64 // decisions per second
+	usec   float64 // Redis µs per EVALSHA (INFO commandstats)
+	calls  int64   // EVALSHA calls Redis ran while measuring
+	allocs float64 // Go heap allocations per decision, whole process
+	// CPU µs per decision, user + system: this process's (the callers and
+	// go-redis) and redis-server's (the script, and the network work every
+	// call costs it). With many callers the two share the machine's cores,
+	// so their sum, more than the script's Redis µs, sets decisions/s.
+	clientCPU, serverCPU float64
+	p50, p99             time.Duration
 }
 
 // caller is one goroutine's record. Each has its own, so recording needs no
@@ -107,12 +114,22 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int) (sample,
 	}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
+	server0, err := redisCPU(ctx, l.env.admin)
+	if err != nil {
+		return s, err
+	}
+	client0 := processCPU()
 	t0 := time.Now()
 	measuring.Store(true)
-	err := sleep(ctx, l.duration)
+	err = sleep(ctx, l.duration)
 	measuring.Store(false)
 	elapsed := time.Since(t0)
+	client1 := processCPU()
 	runtime.ReadMemStats(&after)
+	if err != nil {
+		return s, err
+	}
+	server1, err := redisCPU(ctx, l.env.admin)
 	if err != nil {
 		return s, err
 	}
@@ -128,6 +145,8 @@ func (l *load) run(ctx context.Context, decide decideFunc, n, keys int) (sample,
 	}
 	s.rate = float64(s.decisions) / elapsed.Seconds()
 	s.allocs = float64(after.Mallocs-before.Mallocs) / float64(max(s.decisions, 1))
+	s.clientCPU = (client1 - client0).Seconds() * 1e6 / float64(max(s.decisions, 1))
+	s.serverCPU = (server1 - server0).Seconds() * 1e6 / float64(max(s.decisions, 1))
 	s.p50, s.p99 = hist.percentile(0.50), hist.percentile(0.99)
 	return s, nil
 }
@@ -201,6 +220,37 @@ func infoField(ctx context.Context, admin *redis.Client, section, name string) (
 		}
 	}
 	return "", err
+}
+
+// processCPU is the CPU time this process has used, user + system.
+func processCPU() time.Duration {
+	var u syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &u) != nil {
+		return 0
+	}
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+}
+
+// redisCPU is the CPU time redis-server has used, user + system (INFO cpu).
+func redisCPU(ctx context.Context, admin *redis.Client) (time.Duration, error) {
+	info, err := admin.Info(ctx, "cpu").Result()
+	var total time.Duration
+	found := 0
+	for line := range strings.Lines(info) {
+		name, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if name == "used_cpu_user" || name == "used_cpu_sys" {
+			secs, perr := strconv.ParseFloat(v, 64)
+			if perr != nil {
+				return 0, fmt.Errorf("INFO cpu %s: %q", name, v)
+			}
+			total += time.Duration(secs * 1e9)
+			found++
+		}
+	}
+	if err == nil && found != 2 {
+		err = fmt.Errorf("INFO cpu: no used_cpu_user and used_cpu_sys")
+	}
+	return total, err
 }
 
 // evalshaStats reads the calls and average server time of EVALSHA since the

@@ -90,11 +90,14 @@ func (c *contender) med(figure func(sample) float64) float64 {
 	return median(xs)
 }
 
-func rate(s sample) float64   { return s.rate }
-func usec(s sample) float64   { return s.usec }
-func allocs(s sample) float64 { return s.allocs }
-func p50(s sample) float64    { return float64(s.p50) }
-func p99(s sample) float64    { return float64(s.p99) }
+func rate(s sample) float64      { return s.rate }
+func usec(s sample) float64      { return s.usec }
+func allocs(s sample) float64    { return s.allocs }
+func clientCPU(s sample) float64 { return s.clientCPU }
+func serverCPU(s sample) float64 { return s.serverCPU }
+func cpu(s sample) float64       { return s.clientCPU + s.serverCPU }
+func p50(s sample) float64       { return float64(s.p50) }
+func p99(s sample) float64       { return float64(s.p99) }
 
 // pairedRatio is the median over rounds of a's figure over b's in the same
 // round: the two were measured minutes apart at most, so a slower machine
@@ -139,7 +142,9 @@ func (rep *report) markdown() string {
 	w("Columns: decisions/s; spread: (highest − lowest) ÷ median of the rounds' decisions/s, how much\n")
 	w("the machine moved the figure; × trivial: ratio to the trivial EVALSHA's decisions/s in the same round;\n")
 	w("Redis µs: `usec_per_call` of `cmdstat_evalsha` (INFO commandstats, reset before each slice):\n")
-	w("the script's time on the server alone; p50/p99: latency of one decision seen by the caller;\n")
+	w("the script's time on the server alone; CPU µs: CPU time per decision, user + system, of the\n")
+	w("benchmark's own process (callers and go-redis) and of redis-server (the script and the network\n")
+	w("work every call costs it); p50/p99: latency of one decision seen by the caller;\n")
 	w("allocs: Go heap allocations per decision, whole process (runtime.MemStats.Mallocs).\n\n")
 	var stored, several []string
 	for _, sc := range rep.scenarios {
@@ -152,13 +157,15 @@ func (rep *report) markdown() string {
 			w("| contender | decisions/s | × uncached | denied | round trips | Redis µs | p50 | p99 | allocs | errors |\n")
 			w("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		} else {
-			if sc.parts > 1 {
+			if sc.callers == 1 {
 				w("One caller: Redis µs as close to each script's own cost, and allocs to each call's, as a shared\n")
-				w("machine allows (many callers on 2 cores also count the time the server waits for the CPU). Each\n")
-				w("round gives every contender %d turns of %v, so that ratios pair turns close in time.\n\n", sc.parts, rep.duration/time.Duration(sc.parts))
+				w("machine allows (many callers on 2 cores also count the time the server waits for the CPU).\n")
 			}
-			w("| contender | decisions/s | spread | × trivial | Redis µs | p50 | p99 | allocs | errors |\n")
-			w("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+			if sc.parts > 1 {
+				w("Each round gives every contender %d turns of %v, so that ratios pair turns close in time.\n\n", sc.parts, rep.duration/time.Duration(sc.parts))
+			}
+			w("| contender | decisions/s | spread | × trivial | Redis µs | CPU µs: client + server | p50 | p99 | allocs | errors |\n")
+			w("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		}
 		for _, c := range sc.contenders {
 			var t tally
@@ -167,7 +174,11 @@ func (rep *report) markdown() string {
 				t.add(s.tally)
 				calls += s.calls
 			}
-			tail := fmt.Sprintf("| %.2f | %s | %s | %.1f | %d |\n", c.med(usec), fmtDur(c.med(p50)), fmtDur(c.med(p99)), c.med(allocs), t.errors)
+			tail := fmt.Sprintf("| %s | %s | %.1f | %d |\n", fmtDur(c.med(p50)), fmtDur(c.med(p99)), c.med(allocs), t.errors)
+			if !sc.flood {
+				tail = fmt.Sprintf("| %.1f + %.1f %s", c.med(clientCPU), c.med(serverCPU), tail)
+			}
+			tail = fmt.Sprintf("| %.2f %s", c.med(usec), tail)
 			if sc.flood {
 				vs := "–"
 				if u := sc.find(strings.TrimSuffix(c.name, ", local cache")); u != c {
@@ -210,15 +221,16 @@ func (rep *report) markdown() string {
 	}
 	w("## Against redis_rate\n\n")
 	w("Each limiter's figures over redis_rate's in the same scenario and round, medians over the\n")
-	w("rounds: Redis µs per call (lower is better) and decisions/s (higher is better).\n\n")
-	w("| scenario | limiter | Redis µs ÷ redis_rate's | decisions/s ÷ redis_rate's |\n|---|---|--:|--:|\n")
+	w("rounds: Redis µs per call and CPU µs per decision, client + server (lower is better), and\n")
+	w("decisions/s (higher is better).\n\n")
+	w("| scenario | limiter | Redis µs ÷ redis_rate's | CPU µs ÷ redis_rate's | decisions/s ÷ redis_rate's |\n|---|---|--:|--:|--:|\n")
 	for _, sc := range rep.scenarios {
 		if sc.flood {
 			continue
 		}
 		peer := sc.find("redis_rate")
 		for _, c := range sc.contenders[3:] { // ours: after the two baselines and redis_rate
-			w("| %s | %s | %.2f | %.2f |\n", sc.name, c.name, pairedRatio(c, peer, usec), pairedRatio(c, peer, rate))
+			w("| %s | %s | %.2f | %.2f | %.2f |\n", sc.name, c.name, pairedRatio(c, peer, usec), pairedRatio(c, peer, cpu), pairedRatio(c, peer, rate))
 		}
 	}
 	return b.String()
