@@ -112,7 +112,7 @@ func pairedRatio(a, b *contender, figure func(sample) float64) float64 {
 	return median(xs)
 }
 
-// spread is (highest − lowest) ÷ median decisions/s over the rounds.
+// spread is (highest − lowest) ÷ median decisions/s over the turns.
 func (c *contender) spread() string {
 	if len(c.samples) < 2 || c.med(rate) == 0 {
 		return "–"
@@ -139,8 +139,9 @@ func (rep *report) markdown() string {
 	w("Limits: redlimit `PerSecond(%d)` through `WithDefault` (nothing stored) unless the row says\n", bigRate)
 	w("\"stored config\" (`SetRate` before the run); redis_rate `PerSecond(%d)` (burst %d). The limits\n", bigRate, bigRate)
 	w("are far above what this machine decides, so every request is granted and all do the same work.\n\n")
-	w("Columns: decisions/s; spread: (highest − lowest) ÷ median of the rounds' decisions/s, how much\n")
-	w("the machine moved the figure; × trivial: ratio to the trivial EVALSHA's decisions/s in the same round;\n")
+	w("Columns: decisions/s; spread: (highest − lowest) ÷ median of the turns' decisions/s, over every\n")
+	w("turn of every round: how much the machine moved the figure; × trivial: ratio to the trivial\n")
+	w("EVALSHA's decisions/s in the same round;\n")
 	w("Redis µs: `usec_per_call` of `cmdstat_evalsha` (INFO commandstats, reset before each slice):\n")
 	w("the script's time on the server alone; CPU µs: CPU time per decision, user + system, of the\n")
 	w("benchmark's own process (callers and go-redis) and of redis-server (the script and the network\n")
