@@ -261,9 +261,13 @@ func fmtDur(ns float64) string {
 	}
 }
 
-// fmtTTL writes a PTTL reply: -1 (no expiry) as "none".
+// fmtTTL writes a PTTL reply: -1 (no expiry) as "none", -2 (the key
+// expired since it was listed) as "expired".
 func fmtTTL(d time.Duration) string {
-	if d < 0 {
+	switch {
+	case d == -2:
+		return "expired"
+	case d < 0:
 		return "none"
 	}
 	return d.Round(time.Millisecond).String()

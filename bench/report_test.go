@@ -44,7 +44,7 @@ func TestFormatting(t *testing.T) {
 	for _, tc := range [][2]string{
 		{fmtRate(0), "0"}, {fmtRate(999), "999"}, {fmtRate(41203.4), "41,203"}, {fmtRate(1234567), "1,234,567"},
 		{fmtDur(0), "–"}, {fmtDur(float64(520 * time.Nanosecond)), "0.5µs"}, {fmtDur(float64(312 * time.Microsecond)), "312µs"},
-		{fmtDur(float64(12340 * time.Microsecond)), "12.3ms"}, {fmtTTL(-1), "none"}, {fmtTTL(14999 * time.Millisecond), "14.999s"},
+		{fmtDur(float64(12340 * time.Microsecond)), "12.3ms"}, {fmtTTL(-1), "none"}, {fmtTTL(-2), "expired"}, {fmtTTL(14999 * time.Millisecond), "14.999s"},
 	} {
 		if tc[0] != tc[1] {
 			t.Errorf("got %q, want %q", tc[0], tc[1])
