@@ -250,7 +250,15 @@ var (
 		counting:     countingWindow,
 		overallState: inConfigHash("counts"),
 		corruptions: func(rdb redis.UniversalClient) []corruption {
-			return []corruption{{"a sub-window that is not a number", func(l *Limiter) { rdb.HSet(context.Background(), l.Name(), "counts", "x:1") }}}
+			set := func(counts string) func(l *Limiter) {
+				return func(l *Limiter) { rdb.HSet(context.Background(), l.Name(), "counts", counts) }
+			}
+			return []corruption{
+				{"a sub-window that is not a number", set("x:1")},
+				{"a sub-window without its count", set("1700000000000:1,100")},
+				{"an empty sub-window", set("1700000000000:1,,100:1")},
+				{"a trailing comma", set("1700000000000:1,")},
+			}
 		},
 		cells: slidingCells,
 		breaches: func(cfg Config, grants []placed, latest func(i, j int) int64, report func(string, ...any) bool) {

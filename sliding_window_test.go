@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sort"
 	"testing"
@@ -38,6 +39,26 @@ func TestSlidingWindowNeverGoesBack(t *testing.T) {
 		{10000 * ms, 1, false, 0, 10000 * ms, 10000 * ms},
 		{19999 * ms, 1, false, 0, 1 * ms, 1 * ms},
 		{20000 * ms, 10, true, 0, 0, 10000 * ms},
+	})
+}
+
+// A state can hold sub-windows that are live as of the request's clock but
+// not as of the newest sub-window (an interval change re-indexes them, and
+// a clock may be behind): the newest one's window is what counts.
+func TestSlidingWindowBehindDropsWhatTheNewestLeftOut(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		l := newClient(rdb, clk).SlidingWindow(uniqueName(t))
+		require.NoError(t, l.SetRate(ctx, tenPer10s))
+		// 4 in sub-window 0 and 5 in sub-window 11: as of 11, sub-window 0
+		// is out (11 − 10 sub-windows), as of 5 it is not.
+		require.NoError(t, rdb.HSet(ctx, l.Name(), "counts", fmt.Sprintf("%d:4,11000:5", epoch.UnixMilli())).Err())
+		clk.Add(5 * time.Second)
+		r, err := l.Allow(ctx, 5)
+		require.NoError(t, err)
+		assert.True(t, r.Allowed, "only sub-window 11's 5 count")
+		assert.Equal(t, int64(0), r.Remaining)
 	})
 }
 

@@ -31,41 +31,52 @@ if K ~= '' and type(s1) == 'table' then
   -- loaded before (common.lua keeps s1 and s2, set below).
   live, total = s1, s2
   if #live > 0 and live[#live - 2] > current then current = live[#live - 2] end
-else
-  local entries = {}
-  if s1 then
-    -- Digits only, so + 0 below cannot fail; starts stay below 2^53 / 1000
-    -- so that start × buckets is exact.
-    if string.find(s1, '[^%d:,]') then
-      error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
-    end
-    local start = 0
-    for since, count in string.gmatch(s1, '(%d+):(%d+)') do
-      start = start + since
-      if start > MAX / 1000 then
-        error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
-      end
+elseif s1 then
+  -- One pass, each entry matched where the last one ended (the pattern is
+  -- anchored there), so anything but 'digits:digits' entries between
+  -- commas is refused, and + 0 below cannot fail. Starts stay below
+  -- 2^53 / 1000 so that start × buckets is exact. Starts never go back, so
+  -- the sub-windows out of this one's window come first and are skipped;
+  -- after an interval change two may share an index, and are merged.
+  local start, at, n, bad = 0, 1, #s1, string.byte(s1, -1) == 44 -- a trailing ','
+  while at <= n and not bad do
+    local _, e, since, count = string.find(s1, '^(%d+):(%d+),?', at)
+    if e then start = start + since end
+    if not e or start > MAX / 1000 then
+      bad = true
+    else
       local index = start * buckets / interval
       index = index - index % 1
-      entries[#entries + 1] = index
-      entries[#entries + 1] = count + 0
-      entries[#entries + 1] = start
-      if index > current then current = index end
+      if index > current - buckets then
+        local m = #live -- not #live in each key: gopher-lua (miniredis) assigns as it goes
+        count = count + 0
+        if m > 0 and live[m - 2] == index then
+          live[m - 1], live[m] = live[m - 1] + count, start
+        else
+          live[m + 1], live[m + 2], live[m + 3] = index, count, start
+        end
+        total = total + count
+      end
+      at = e + 1
     end
   end
-  -- Keep the live ones; after an interval change two may share an index.
-  for i = 1, #entries, 3 do
-    if entries[i] > current - buckets then
-      if #live > 0 and live[#live - 2] == entries[i] then
-        live[#live - 1] = live[#live - 1] + entries[i + 1]
-        live[#live] = entries[i + 2]
-      else
-        live[#live + 1] = entries[i]
-        live[#live + 1] = entries[i + 1]
-        live[#live + 1] = entries[i + 2]
+  if bad then
+    error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
+  end
+  -- A clock behind the newest sub-window: decided as of that one, whose
+  -- window leaves out more of the oldest.
+  if #live > 0 and live[#live - 2] > current then
+    current = live[#live - 2]
+    local kept = {}
+    total = 0
+    for i = 1, #live, 3 do
+      if live[i] > current - buckets then
+        local m = #kept
+        kept[m + 1], kept[m + 2], kept[m + 3] = live[i], live[i + 1], live[i + 2]
+        total = total + live[i + 1]
       end
-      total = total + entries[i + 1]
     end
+    live = kept
   end
 end
 s1, s2 = live, total
