@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-20261124041738-1f844b67cd04
+	github.com/redlimit/redlimit v0.0.0-20261124050308-0d2353ea3d26
 )
 
 require (

@@ -6,7 +6,7 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/guptarohit/asciigraph v0.10.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-20261124041738-1f844b67cd04
+	github.com/redlimit/redlimit v0.0.0-20261124050308-0d2353ea3d26
 	gonum.org/v1/plot v0.17.0
 )
 
