@@ -65,12 +65,40 @@ func limiterDump(t *testing.T, admin *redis.Client, l *Limiter) map[string]strin
 		k := iter.Val()
 		dump, err := admin.Dump(ctx, k).Result()
 		require.NoError(t, err)
-		at, err := admin.PExpireTime(ctx, k).Result()
-		require.NoError(t, err)
-		out[k] = fmt.Sprintf("%q expires %v", dump, at)
+		out[k] = fmt.Sprintf("%q expires %v", dump, pexpireTime(t, admin, k))
 	}
 	require.NoError(t, iter.Err())
 	return out
+}
+
+// pexpireTime is PEXPIRETIME (Redis 7.0+): key's absolute expiry in Unix
+// ms, -1 for none. Redis 6.2 lacks the command, so it is read there as TIME
+// plus PTTL in one script, whose clock is read again after PTTL: when both
+// readings fall in one millisecond, PTTL was measured from it, and the sum
+// is the key's expiry exactly, as PEXPIRETIME gives it.
+func pexpireTime(t *testing.T, admin *redis.Client, key string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	at, err := admin.Do(ctx, "PEXPIRETIME", key).Int64()
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+		require.NoError(t, err)
+		return at
+	}
+	const script = `
+for _ = 1, 1000 do
+  local a = redis.call('TIME')
+  local ttl = redis.call('PTTL', KEYS[1])
+  local b = redis.call('TIME')
+  local ms = a[1] * 1000 + math.floor(a[2] / 1000)
+  if ms == b[1] * 1000 + math.floor(b[2] / 1000) then
+    if ttl < 0 then return ttl end
+    return ms + ttl
+  end
+end
+return redis.error_reply('the clock never held still for a millisecond')`
+	ms, err := admin.Eval(ctx, script, []string{key}).Int64()
+	require.NoError(t, err)
+	return ms
 }
 
 // A full Redis with maxmemory-policy noeviction refuses a script with OOM at

@@ -5,7 +5,7 @@ go 1.26.8
 require (
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-20261124050308-0d2353ea3d26
+	github.com/redlimit/redlimit v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -15,3 +15,6 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
+
+// The library from this clone, until a release: see RELEASING.md.
+replace github.com/redlimit/redlimit => ../

@@ -6,7 +6,7 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/guptarohit/asciigraph v0.10.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/redlimit/redlimit v0.0.0-20261124050308-0d2353ea3d26
+	github.com/redlimit/redlimit v0.0.0-00010101000000-000000000000
 	gonum.org/v1/plot v0.17.0
 )
 
@@ -24,3 +24,6 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.28.0 // indirect
 )
+
+// The library from this clone, until a release: see RELEASING.md.
+replace github.com/redlimit/redlimit => ../..
