@@ -107,6 +107,11 @@ func sentinelFailover(t *testing.T, minReplicas int) {
 	// restarted since the scripts were loaded has it.
 	flushReplicaScripts := func() {
 		if strings.HasPrefix(replicaServer.Version(), "6.") {
+			// Replication is asynchronous: the replica must have every
+			// SCRIPT LOAD sent so far before its cache is flushed.
+			acked, err := rdb.Do(ctx, "WAIT", 1, 5000).Int()
+			require.NoError(t, err)
+			require.Equal(t, 1, acked, "the replica has read everything sent so far")
 			require.NoError(t, replica.ScriptFlush(ctx).Err())
 		}
 		require.Equal(t, "0", infoValue(t, replica, "memory", "number_of_cached_scripts"), "the replica has no script before the failover")
