@@ -165,3 +165,35 @@ func TestUnusualNames(t *testing.T) {
 		}
 	})
 }
+
+// Throttle's arguments and odd names are refused with errors about what the
+// caller passed, never a number or a brace it did not.
+func TestBadInputMessages(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		c := newClient(rdb, newClock())
+		name := uniqueName(t)
+		_, err := c.Throttle(ctx, name, math.MaxInt64, 10, time.Second, 1)
+		assert.ErrorIs(t, err, ErrInvalidConfig)
+		assert.EqualError(t, err, "redlimit: invalid config: max burst 9223372036854775807 is too large")
+		_, err = c.Throttle(ctx, name, -1, 10, time.Second, 1)
+		assert.EqualError(t, err, "redlimit: invalid config: max burst -1 is negative")
+		assert.Empty(t, limiterKeys(t, rdb, name), "nothing written")
+
+		// Under a prefix, fullName puts the name in a hash tag: one that
+		// starts with '}' closes it at once.
+		_, err = New(rdb, WithPrefix("app:")).FixedWindow("}").WithDefault(tenPer10s).Allow(ctx, 1)
+		assert.ErrorIs(t, err, ErrInvalidName)
+		assert.EqualError(t, err, `redlimit: invalid limiter name: "}": under a prefix a name cannot start with '}': its keys are named "app:{}}"…, whose "{}" is no hash tag`)
+		// Braces the caller wrote are reported as written.
+		_, err = New(rdb, WithPrefix("app:")).FixedWindow("a{}b").WithDefault(tenPer10s).Allow(ctx, 1)
+		assert.EqualError(t, err, `redlimit: invalid limiter name: "app:a{}b": a '{' must open a non-empty hash tag`)
+		// A '}' later in the name is part of the tag, and fine.
+		l := New(rdb, WithPrefix("app:"), WithClock(newClock().Now)).FixedWindow(name + "}x").WithDefault(tenPer10s)
+		r, err := l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.True(t, r.Allowed)
+		_, err = l.Delete(ctx)
+		require.NoError(t, err)
+	})
+}

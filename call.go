@@ -23,7 +23,9 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 	var r Result
 	var err error
 	cached := false
-	if c.denials != nil && permits > 0 && l.err == nil {
+	// A caller that has given up goes to eval, which tells it so, rather
+	// than to a cached denial.
+	if c.denials != nil && permits > 0 && l.err == nil && ctx.Err() == nil {
 		r, cached = c.denials.lookup(l.denialKey, permits, c.clock())
 	}
 	if !cached {
@@ -35,7 +37,9 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 			c.denials.store(l.denialKey, permits, r, c.clock())
 		}
 	}
-	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable)
+	// A caller's own cancellation is not an outage (scriptError): it is
+	// never granted, even when Redis failed at the moment it cancelled.
+	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
 	if failOpen {
 		r = Result{Allowed: true}
 	}
@@ -236,6 +240,9 @@ func parseResult(reply any, dflt Config) (Result, error) {
 		}
 		return r, nil
 	}
+	if !durations(n[3:5]) || n[5] < 0 || n[5] > math.MaxInt64/int64(time.Millisecond) {
+		return Result{}, unexpected(reply)
+	}
 	r := Result{
 		Allowed:    n[0] == 1,
 		Limit:      n[1],
@@ -267,6 +274,9 @@ func parseResult(reply any, dflt Config) (Result, error) {
 // retry and reset, then the bound with several rates, as the handle's
 // default dflt decided; false for a bound it does not have.
 func defaultResult(n []int64, dflt Config) (Result, bool) {
+	if !durations(n[2:4]) {
+		return Result{}, false
+	}
 	r := Result{Allowed: n[0] == 1, Remaining: n[1], RetryAfter: micros(n[2]), ResetAfter: micros(n[3])}
 	q := quota(dflt.Rate, dflt.Interval.Milliseconds(), dflt.Burst)
 	if len(n) == 4 {
@@ -327,6 +337,17 @@ func integers(v []any, n []int64) bool {
 			return false
 		}
 		n[i] = x
+	}
+	return true
+}
+
+// durations reports whether each of us is a wait in µs that a Duration
+// holds, or negative (Never): the scripts send nothing else.
+func durations(us []int64) bool {
+	for _, x := range us {
+		if x > math.MaxInt64/int64(time.Microsecond) {
+			return false
+		}
 	}
 	return true
 }

@@ -89,7 +89,10 @@ func WithObserver(observe func(Decision)) Option { return func(c *Client) { c.ob
 // WithFailOpen grants every request Redis cannot decide (ErrUnavailable),
 // instead of the default, failing closed: denying it and returning the error.
 // Allow then reports Allowed with no error; the error still reaches the
-// observer (WithObserver), which is where to count and log outages.
+// observer (WithObserver), which is where to count and log outages. A
+// caller that cancelled its context (an HTTP client gone) is never granted:
+// it gets an error wrapping context.Canceled, as it would have before the
+// call, and a deadline that passes while Redis hangs is an outage.
 func WithFailOpen() Option { return func(c *Client) { c.failOpen = true } }
 
 // New returns a Client deciding through rdb.

@@ -25,8 +25,10 @@ var (
 	// ErrUnexpectedReply: Redis answered with a reply the scripts never send.
 	ErrUnexpectedReply = errors.New("redlimit: unexpected reply")
 	// ErrUnavailable: Redis could not decide (unreachable, timed out, loading,
-	// failing over, out of memory, the caller's context ended before it
+	// failing over, out of memory, the caller's deadline passed before it
 	// answered...). The error wraps the cause too, and the context's error.
+	// A caller that cancelled its context is not an outage: that error wraps
+	// context.Canceled, not ErrUnavailable, and WithFailOpen does not grant it.
 	ErrUnavailable = errors.New("redlimit: redis unavailable")
 	// ErrMisconfigured: Redis refused the call for a reason only its operator
 	// can fix (NOPERM, NOAUTH, WRONGPASS, unknown command...). Not an outage:

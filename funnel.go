@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -36,6 +37,9 @@ func (c *Client) Throttle(ctx context.Context, key string, maxBurst, count int64
 	}
 	if maxBurst < 0 {
 		return ThrottleResult{}, fmt.Errorf("%w: max burst %d is negative", ErrInvalidConfig, maxBurst)
+	}
+	if maxBurst == math.MaxInt64 { // its capacity, maxBurst + 1, would overflow
+		return ThrottleResult{}, fmt.Errorf("%w: max burst %d is too large", ErrInvalidConfig, maxBurst)
 	}
 	l := c.Funnel(key)
 	cfg := Config{Rate: count, Interval: period, Burst: maxBurst + 1}

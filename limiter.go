@@ -100,7 +100,7 @@ func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	full := fullName(c.prefix, name)
 	l := &Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, source: sourceNone, config: noArg,
 		denialKey: denialKey(alg.name+":"+full, ""), perClient: new(atomic.Bool)}
-	if err := validName(name, full); err != nil {
+	if err := validName(c.prefix, name, full); err != nil {
 		l.err = err
 		return l
 	}
@@ -154,16 +154,24 @@ func boxed(keys []string) []any {
 	return b
 }
 
-func validName(name, full string) error {
+// validName checks that the full name (fullName of prefix and name) gives
+// keys that share one Cluster slot: its first '{', if any, opens a non-empty
+// hash tag. The error speaks of the braces the caller wrote, not of those
+// fullName added.
+func validName(prefix, name, full string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidName)
 	}
-	if open := strings.IndexByte(full, '{'); open >= 0 {
-		if close := strings.IndexByte(full[open:], '}'); close <= 1 {
-			return fmt.Errorf("%w: %q: a '{' must open a non-empty hash tag", ErrInvalidName, full)
-		}
+	open := strings.IndexByte(full, '{')
+	if open < 0 || strings.IndexByte(full[open:], '}') > 1 {
+		return nil
 	}
-	return nil
+	if !strings.Contains(prefix+name, "{") {
+		// fullName made the tag, prefix{name}, and name closed it at once.
+		return fmt.Errorf("%w: %q: under a prefix a name cannot start with '}': its keys are named %q…, whose \"{}\" is no hash tag",
+			ErrInvalidName, name, full)
+	}
+	return fmt.Errorf("%w: %q: a '{' must open a non-empty hash tag", ErrInvalidName, full)
 }
 
 // Clients lists the clients that have PerClient state in the limiter (those

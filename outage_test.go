@@ -146,6 +146,8 @@ func TestScriptErrorKinds(t *testing.T) {
 	background := context.Background()
 	canceled, cancel := context.WithCancel(background)
 	cancel()
+	expired, cancelExpired := context.WithDeadline(background, time.Now().Add(-time.Second))
+	defer cancelExpired()
 	type reply struct {
 		ctx context.Context
 		err error
@@ -177,17 +179,24 @@ func TestScriptErrorKinds(t *testing.T) {
 			"BUSY Redis is busy running a script.",
 		), reply{background, &net.OpError{Op: "dial", Err: errors.New("connection refused")}})},
 		{[]error{ErrNotInitialized}, refusals("ERR REDLIMIT not initialized x")},
-		{[]error{ErrUnavailable, context.Canceled}, []reply{
+		// The caller's own cancellation is not an outage: WithFailOpen
+		// must not grant a caller that is gone.
+		{[]error{context.Canceled}, []reply{
 			{canceled, context.Canceled},
 			{canceled, &net.OpError{Op: "read", Err: errors.New("i/o timeout")}},
 		}},
+		// A deadline that passed while Redis hung is one.
+		{[]error{ErrUnavailable, context.DeadlineExceeded}, []reply{
+			{expired, context.DeadlineExceeded},
+			{expired, &net.OpError{Op: "read", Err: errors.New("i/o timeout")}},
+		}},
 	} {
 		for _, r := range kind.replies {
-			err := scriptError(r.ctx, r.err)
+			err := scriptError(r.ctx, r.err, nil)
 			for _, want := range kind.want {
 				assert.ErrorIs(t, err, want, "%v", r.err)
 			}
-			for _, other := range []error{ErrMisconfigured, ErrUnavailable, ErrNotInitialized} {
+			for _, other := range []error{ErrMisconfigured, ErrUnavailable, ErrNotInitialized, context.Canceled, context.DeadlineExceeded} {
 				if !slices.Contains(kind.want, other) {
 					assert.NotErrorIs(t, err, other, "%v", r.err)
 				}
@@ -296,11 +305,15 @@ func TestBreakerSteps(t *testing.T) {
 	for range 2 {
 		reached, err = call()
 		assert.True(t, reached, "two failures since the last success: still closed")
+		assert.ErrorIs(t, err, ErrUnavailable)
+		assert.NotErrorIs(t, err, ErrBreakerOpen)
 	}
-	reached, _ = call()
+	reached, err = call()
 	assert.True(t, reached, "the third opens it")
-	reached, _ = call()
+	assert.NotErrorIs(t, err, ErrBreakerOpen, "the third failed at Redis")
+	reached, err = call()
 	assert.False(t, reached)
+	assert.ErrorIs(t, err, ErrBreakerOpen)
 
 	// A cancelled probe tells nothing of Redis: the next call probes.
 	clk.Add(time.Second)
@@ -309,7 +322,7 @@ func TestBreakerSteps(t *testing.T) {
 	pass, err := c.breaker.enter()
 	require.NoError(t, err)
 	require.True(t, pass.probe)
-	c.breaker.leave(pass, scriptError(cancelled, context.Canceled))
+	c.breaker.leave(pass, scriptError(cancelled, context.Canceled, nil))
 	reached, _ = call()
 	assert.True(t, reached, "the next call is the probe")
 }

@@ -115,13 +115,13 @@ func (c *Client) evalSha(ctx context.Context, s *script, keys, args []any) (any,
 	for runs := 1; isNoScript(err) && runs < maxScriptRuns; runs++ {
 		answered := time.Now()
 		if err := c.reload(ctx, s, sent, answered, runs > 1); err != nil {
-			return nil, fmt.Errorf("%w (loading script %s)", scriptError(ctx, err), s.name)
+			return nil, fmt.Errorf("%w (loading script %s)", scriptError(ctx, err, keys), s.name)
 		}
 		sent = time.Now()
 		reply, err = c.send(ctx, s, keys, args)
 	}
 	if err != nil {
-		return nil, scriptError(ctx, err)
+		return nil, scriptError(ctx, err, keys)
 	}
 	return reply, nil
 }
@@ -197,58 +197,81 @@ func (s *script) load(ctx context.Context, rdb redis.Scripter) error {
 	return rdb.ScriptLoad(ctx, s.src).Err()
 }
 
+// replyKind is the sentinel for an error reply of Redis, by its kind: the
+// one place that says which replies are outages, which a refusal only an
+// operator can fix, and which a key holding what the scripts never write.
+//   - ErrMisconfigured (misconfiguredReply): NOPERM, NOAUTH, an ACL refusal
+//     inside a script, an unknown command...; never failed open.
+//   - ErrCorruptState: WRONGTYPE, a key of the limiter holding another type.
+//   - ErrUnavailable: anything else (LOADING, OOM, BUSY, READONLY, MASTERDOWN,
+//     NOSCRIPT still...), which a retry or a wait can cure.
+func replyKind(msg string) error {
+	switch {
+	case misconfiguredReply(msg):
+		return ErrMisconfigured
+	case strings.HasPrefix(msg, "WRONGTYPE"):
+		return ErrCorruptState
+	}
+	return ErrUnavailable
+}
+
 // misconfiguredReply reports whether Redis refused the call for a reason
 // only its operator can fix: an ACL that does not cover the limiter's keys or
 // commands, a wrong or missing password, a disabled or renamed command (a
 // managed Redis without scripting), a database that does not exist.
 func misconfiguredReply(msg string) bool {
-	for _, prefix := range []string{"NOPERM", "NOAUTH", "WRONGPASS", "ERR unknown command", "ERR unknown subcommand", "ERR DB index is out of range"} {
+	// CROSSSLOT: a limiter's keys in several Cluster slots, which only a
+	// name can cause ('}' without '{'), and no wait cures.
+	for _, prefix := range []string{"NOPERM", "NOAUTH", "WRONGPASS", "ERR unknown command", "ERR unknown subcommand", "ERR DB index is out of range", "CROSSSLOT"} {
 		if strings.HasPrefix(msg, prefix) {
 			return true
 		}
 	}
-	// ACL refusals raised inside a script (Redis 7.0).
-	return strings.Contains(msg, "The user executing the script can't")
+	// ACL refusals raised inside a script: Redis 7.0 says "The user executing
+	// the script can't …", 7.2 and later "ACL failure in script: …".
+	return strings.Contains(msg, "The user executing the script can't") || strings.Contains(msg, "ACL failure in script")
 }
 
 func isNoScript(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
-// scriptError maps an error from Redis to the package's sentinels. Redis
-// answered:
-//   - the scripts' "REDLIMIT <kind> <detail>": ErrCorruptState,
-//     ErrNotInitialized or ErrAlgorithmMismatch;
-//   - a refusal that no retry or wait can cure (misconfiguredReply):
-//     ErrMisconfigured, never failed open;
-//   - anything else (LOADING, OOM, BUSY, READONLY, NOSCRIPT still...):
-//     ErrUnavailable.
+// scriptError maps an error of a call on keys to the package's sentinels.
 //
-// Redis did not answer (unreachable, timed out, the caller's context ended
-// first): ErrUnavailable and the cause, and the context's error if it ended,
-// so that errors.Is finds both and WithFailOpen applies.
-func scriptError(ctx context.Context, err error) error {
+// Redis answered with an error: replyKind says what it is, or, for the
+// scripts' own "REDLIMIT <kind> <detail>", the kind: ErrNotInitialized,
+// ErrAlgorithmMismatch or ErrCorruptState ("corrupt <key>: <what>"). A
+// script that met an error of Redis on one of its keys reports it as
+// "corrupt <key>: <the error>"; that error is classed by replyKind too, so
+// that a full Redis (OOM) is an outage and an ACL refusal a misconfiguration
+// wherever the script met it, not corrupt state.
+//
+// Redis did not answer: the caller's own cancellation is not an outage, and
+// the error wraps context.Canceled and the cause only; anything else
+// (unreachable, timed out, a deadline that passed first) is ErrUnavailable
+// with the cause, and the context's error if it ended, so that errors.Is
+// finds each and WithFailOpen applies.
+func scriptError(ctx context.Context, err error, keys []any) error {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
-		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+		ctxErr := ctx.Err()
+		switch {
+		case errors.Is(ctxErr, context.Canceled) && errors.Is(err, ctxErr):
+			return fmt.Errorf("redlimit: %w", err)
+		case errors.Is(ctxErr, context.Canceled):
+			return fmt.Errorf("redlimit: %w: %w", ctxErr, err)
+		case ctxErr != nil && !errors.Is(err, ctxErr):
 			return fmt.Errorf("%w: %w: %w", ErrUnavailable, ctxErr, err)
 		}
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	if misconfiguredReply(rerr.Error()) {
-		return fmt.Errorf("%w: %w", ErrMisconfigured, err)
 	}
 	// Redis answers "ERR REDLIMIT … script: <sha>, on @user_script:<line>.",
 	// miniredis "ERR Error compiling script (new function): REDLIMIT … stack traceback: …".
 	_, detail, ours := strings.Cut(rerr.Error(), "REDLIMIT ")
 	if !ours {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", replyKind(rerr.Error()), err)
 	}
-	for _, trailer := range []string{" script: ", " stack traceback:"} {
-		if at := strings.LastIndex(detail, trailer); at >= 0 {
-			detail = detail[:at]
-		}
-	}
+	detail = withoutTrailer(detail)
 	// One statement after the sentinel's: the detail loses the kind word.
 	kind, detail, _ := strings.Cut(detail, " ")
 	switch kind {
@@ -258,5 +281,85 @@ func scriptError(ctx context.Context, err error) error {
 	case "algorithm": // "algorithm <key> holds a <name> config, not <name>"
 		return fmt.Errorf("%w: %s; Delete it to use the name with another algorithm", ErrAlgorithmMismatch, detail)
 	}
-	return fmt.Errorf("%w: %s", ErrCorruptState, detail) // "corrupt <key>: <what>"
+	// "corrupt <key>: <what>", where what may be an error of Redis.
+	if key, reply, ok := keyReply(detail, keys); ok {
+		switch replyKind(reply) {
+		case ErrUnavailable:
+			return fmt.Errorf("%w: %w (on %s)", ErrUnavailable, replyError(reply), key)
+		case ErrMisconfigured:
+			return misconfigured(key, reply)
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrCorruptState, detail)
 }
+
+// withoutTrailer cuts what Redis or miniredis append to a script's error.
+func withoutTrailer(msg string) string {
+	for _, trailer := range []string{" script: ", " stack traceback:"} {
+		if at := strings.LastIndex(msg, trailer); at >= 0 {
+			msg = msg[:at]
+		}
+	}
+	return msg
+}
+
+// keyReply splits a corrupt detail, "<key>: <what>", into one of the call's
+// keys and what, when what is an error reply of Redis: a code in capitals
+// ("OOM …", "WRONGTYPE …", "NOPERM …", "ERR …"), where the scripts' own
+// descriptions start in lower case, or an ACL refusal. Redis 6.2 puts the
+// script's line first ("@user_script: 1: -OOM …"). The key is matched
+// against the call's own, so a name holding ": OOM" cannot pass for a reply.
+func keyReply(detail string, keys []any) (key, reply string, ok bool) {
+	for _, k := range keys {
+		name, _ := k.(string)
+		rest, found := strings.CutPrefix(detail, name+": ")
+		if !found || name == "" {
+			continue
+		}
+		if line, ok := strings.CutPrefix(rest, "@user_script: "); ok {
+			if _, after, ok := strings.Cut(line, ": "); ok {
+				rest = strings.TrimPrefix(after, "-")
+			}
+		}
+		if errorCode(rest) || misconfiguredReply(rest) {
+			return name, rest, true
+		}
+	}
+	return "", "", false
+}
+
+// errorCode reports whether msg starts as Redis's error replies do: a word
+// of capital letters, then a space.
+func errorCode(msg string) bool {
+	code, _, found := strings.Cut(msg, " ")
+	if !found || len(code) < 2 {
+		return false
+	}
+	for _, r := range code {
+		if r < 'A' || r > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// misconfigured is ErrMisconfigured for an ACL (or other) refusal a script
+// met on key. Redis 7.2 and later name the command the ACL refuses ("no
+// permissions to run the 'zadd' command"); 7.0 does not, and its ACL LOG
+// does.
+func misconfigured(key, reply string) error {
+	if _, rest, ok := strings.Cut(reply, "run the '"); ok {
+		if command, _, ok := strings.Cut(rest, "' command"); ok {
+			return fmt.Errorf("%w: the ACL user may not run %s, which the scripts run on %s: %w",
+				ErrMisconfigured, strings.ToUpper(command), key, replyError(reply))
+		}
+	}
+	return fmt.Errorf("%w: refused on %s (ACL LOG names the command): %w", ErrMisconfigured, key, replyError(reply))
+}
+
+// replyError is an error reply of Redis that a script met and passed on in
+// its own error: the cause, as go-redis would have given it.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}

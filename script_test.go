@@ -3,6 +3,7 @@ package redlimit
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -138,19 +139,79 @@ func TestAutoPipeliner(t *testing.T) {
 	}
 }
 
+// A decision's reply, any string: parseResult never panics, and what it
+// accepts is a Result whose durations are in range, which written back as
+// the scripts write it parses to itself.
 func FuzzParseResult(f *testing.F) {
+	for _, s := range []string{
+		"1 10 9 0 100000 1000", "0 10 0 250000 1000000 1000", "0 10 0 -1 0 1000", // one rate
+		"1 9 0 100000", "0 0 250000 1000000", "1 8 0 1000 1", // a default decided (PerSecond(10) and a further rate)
+		"1 10 9 0 100000 1000 1 60 60000 0 0", "0 60 0 5 6 60000 1 10 1000 0 0 60 60000 0 0", // several rates
+		"1 10 9 0 9223372036854776 1000", "2 10 9 0 1 1000", "1 10 9 0 1 -1", "1  10 9 0 1 1000", "",
+	} {
+		f.Add(s)
+	}
+	dflt := PerSecond(10).And(PerMinute(60))
+	f.Fuzz(func(t *testing.T, s string) {
+		for _, dflt := range []Config{dflt, PerSecond(10)} {
+			r, err := parseResult(s, dflt)
+			if err != nil {
+				require.ErrorIs(t, err, ErrUnexpectedReply)
+				require.Equal(t, Result{}, r)
+				continue
+			}
+			for _, d := range []time.Duration{r.RetryAfter, r.ResetAfter} {
+				require.True(t, d >= 0 && d%time.Microsecond == 0 || d == Never, "%q: %v", s, d)
+			}
+			require.True(t, r.Window >= 0 && r.Window%time.Millisecond == 0, "%q: window %v", s, r.Window)
+			if r.Quotas != nil {
+				require.True(t, r.Bound >= 0 && r.Bound < len(r.Quotas), "%q: bound %d", s, r.Bound)
+				require.Equal(t, r.Quotas[r.Bound], Quota{Limit: r.Limit, Window: r.Window}, "%q", s)
+				continue
+			}
+			back, err := parseResult(replyOf(r), dflt)
+			require.NoError(t, err, "%q written back as %q", s, replyOf(r))
+			require.Equal(t, r, back, "%q written back as %q", s, replyOf(r))
+		}
+	})
+}
+
+// replyOf writes a Result of one rate as the scripts reply it.
+func replyOf(r Result) string {
+	allowed := 0
+	if r.Allowed {
+		allowed = 1
+	}
+	us := func(d time.Duration) int64 {
+		if d == Never {
+			return -1
+		}
+		return int64(d / time.Microsecond)
+	}
+	return fmt.Sprintf("%d %d %d %d %d %d", allowed, r.Limit, r.Remaining, us(r.RetryAfter), us(r.ResetAfter), r.Window.Milliseconds())
+}
+
+// Replies of any shape: the parsers never panic, and take only their own.
+func FuzzReplyShapes(f *testing.F) {
 	f.Add([]byte{5, 1, 1, 1, 1, 1})
 	f.Add([]byte{2, 0, 3})
+	f.Add([]byte{5, 2, 4, 5, 1, 2, 2})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		reply := fuzzReply(&data, 0)
-		r, err := parseResult(reply, Config{Rate: 10, Interval: time.Second})
-		if err == nil && (r.Limit < 0 && r.Limit != r.Limit) {
-			t.Fatal("unreachable")
+		if _, ok := reply.(string); !ok {
+			_, err := parseResult(reply, PerSecond(10))
+			require.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
 		}
-		_, _ = missingClients(reply)
+		if missing, ok := missingClients(reply); ok {
+			v := reply.([]any)
+			require.Equal(t, "missing", v[0])
+			require.Len(t, missing, len(v[1].([]any)))
+		}
 		var n [6]int64
-		if v, ok := reply.([]any); ok && len(v) == len(n) {
-			_ = integers(v, n[:])
+		if v, ok := reply.([]any); ok && len(v) == len(n) && integers(v, n[:]) {
+			for i := range n {
+				require.Equal(t, v[i], n[i])
+			}
 		}
 	})
 }

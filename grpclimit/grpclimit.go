@@ -146,7 +146,10 @@ func onePermit(context.Context, string, any) int64 { return 1 }
 //		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor)),
 //		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor)))
 //
-// A nil Limiter leaves the call unlimited (health checks, say).
+// A nil Limiter leaves the call unlimited (health checks, say). A call
+// whose caller goes away (its context cancelled) before the decision is made
+// ends with codes.Canceled, and the handler never runs for it, even under
+// FailOpen: a caller that is gone is not an outage.
 func UnaryServerInterceptor(limiterFor func(method, key string) *redlimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
 	o := newOptions(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -203,7 +206,9 @@ func (o *options) decide(ctx context.Context, method string, req any, limiterFor
 		return nil
 	}
 	res, err := limiter.Allow(ctx, o.permits(ctx, method, req))
-	if err != nil {
+	if err != nil || ctx.Err() != nil {
+		// A caller gone (or out of time) by the time of the answer gets no
+		// handler, whatever the answer: see failed.
 		return o.failed(ctx, method, err)
 	}
 	if res.Limit > 0 { // 0: granted by a Client's WithFailOpen, without a decision

@@ -208,7 +208,12 @@ func FromContext(ctx context.Context) (Decision, bool) {
 //	})
 //	http.ListenAndServe(":8080", limit(mux))
 //
-// limiterFor must not return nil.
+// A nil Limiter leaves the request unlimited (health checks, say): it goes
+// to the next handler with no decision and no rate-limit fields.
+//
+// A request whose client goes away (its context cancelled) before the
+// decision is made is answered with nothing, and the next handler never runs
+// for it, even under FailOpen: a client that is gone is not an outage.
 func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(http.Handler) http.Handler {
 	o := options{
 		key:     ClientIP(""),
@@ -235,11 +240,19 @@ func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(htt
 				o.fail(w, r, d, http.StatusBadRequest)
 				return
 			}
-			d.Result, d.Err = limiterFor(d.Key).Allow(r.Context(), o.permits(r))
+			limiter := limiterFor(d.Key)
+			if limiter == nil {
+				next.ServeHTTP(w, r) // not limited: health checks, say
+				return
+			}
+			d.Result, d.Err = limiter.Allow(r.Context(), o.permits(r))
 			switch {
-			case d.Err == nil:
 			case r.Context().Err() != nil:
-				return // the client is gone: nothing to answer
+				// The client is gone, whatever the limiter answered: nothing
+				// to answer, and no handler to run for nobody (a grant it
+				// took stays counted).
+				return
+			case d.Err == nil:
 			case errors.Is(d.Err, redlimit.ErrMisconfigured):
 				// Checked first: a refusal must never fail open, even were
 				// it to wrap ErrUnavailable too.

@@ -1,0 +1,128 @@
+package httplimit_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/httplimit"
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// heldDecision holds each EVALSHA until the request's context ends: the
+// client leaves while the decision is in flight. ran: the script runs
+// first, and its answer (a grant) comes back after the client left;
+// otherwise the call ends with the context's error, as go-redis's does
+// when it gives up waiting for a connection of its pool.
+type heldDecision struct {
+	ran     bool
+	arrived chan struct{}
+}
+
+func (h *heldDecision) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *heldDecision) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *heldDecision) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "evalsha" {
+			return next(ctx, cmd)
+		}
+		var err error
+		if h.ran {
+			err = next(ctx, cmd)
+		}
+		h.arrived <- struct{}{}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second): // the test fails below
+		}
+		if !h.ran {
+			err = ctx.Err()
+			cmd.SetErr(err)
+		}
+		return err
+	}
+}
+
+// TestClientGoneMidDecision: a client that closes its connection while its
+// request is being decided (net/http then cancels the request's context)
+// never gets the handler run, on a Client made WithFailOpen and with
+// FailOpen: a client that is gone is not an outage. Whether Redis had
+// granted it or not, nothing is written back, and ErrorHook is not told.
+func TestClientGoneMidDecision(t *testing.T) {
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		for _, ran := range []bool{false, true} {
+			rdb := newRDB()
+			hook := &heldDecision{ran: ran, arrived: make(chan struct{}, 1)}
+			rdb.AddHook(hook)
+			client := redlimit.New(rdb, redlimit.WithFailOpen())
+			name := uniqueName(t)
+			var handled, hooked atomic.Int64
+			gone := make(chan struct{}, 1)
+			limit := httplimit.New(func(key string) *redlimit.Limiter {
+				return client.FixedWindow(name + key).WithDefault(redlimit.PerMinute(5))
+			}, httplimit.FailOpen(true), httplimit.ErrorHook(func(*http.Request, error) { hooked.Add(1) }))
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { handled.Add(1) })).ServeHTTP(w, r)
+				gone <- struct{}{}
+			}))
+			for i := range 3 {
+				conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-hook.arrived:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the decision never reached Redis")
+				}
+				_ = conn.Close()
+				select {
+				case <-gone:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("request %d: the middleware never returned", i)
+				}
+			}
+			srv.Close()
+			if handled.Load() != 0 || hooked.Load() != 0 {
+				t.Errorf("script ran %v: handler ran %d times for 3 clients gone, ErrorHook told %d times", ran, handled.Load(), hooked.Load())
+			}
+		}
+	})
+}
+
+// TestNilLimiter: a limiterFor that returns nil leaves the request unlimited,
+// as grpclimit does: the handler runs, with no rate-limit fields.
+func TestNilLimiter(t *testing.T) {
+	handled := 0
+	handler := httplimit.New(func(string) *redlimit.Limiter { return nil })(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handled++
+		if _, ok := httplimit.FromContext(r.Context()); ok {
+			t.Error("a decision for a request nothing decided")
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	for range 3 {
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		if rec.Code != http.StatusOK || rec.Body.String() != "ok" || len(fieldsOf(rec.Header())) != 0 {
+			t.Errorf("answered %d %q %v", rec.Code, rec.Body, rec.Header())
+		}
+	}
+	if handled != 3 {
+		t.Errorf("handler ran %d times, want 3", handled)
+	}
+}
