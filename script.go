@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -121,9 +123,39 @@ func (c *Client) evalSha(ctx context.Context, s *script, keys, args []any) (any,
 		reply, err = c.send(ctx, s, keys, args)
 	}
 	if err != nil {
-		return nil, scriptError(ctx, err, keys)
+		return nil, s.namingCommand(scriptError(ctx, err, keys))
 	}
 	return reply, nil
+}
+
+// userScriptLine finds the line of s.src that Redis names in a script's
+// error: "on @user_script:112." (7.0), "@user_script: 112:" (6.2).
+var userScriptLine = regexp.MustCompile(`@user_script: ?(\d+)`)
+
+// scriptCommand finds the command a line of a script runs.
+var scriptCommand = regexp.MustCompile(`redis\.p?call\('([A-Z]+)'`)
+
+// namingCommand adds to an ACL refusal the command refused, where Redis
+// names only the script's line (7.0 and 6.2; 7.2 and later name the
+// command): the command on that line, or on the two before it, where a
+// pcall's error is raised. A refusal met inside a helper that takes the
+// command as an argument stays as Redis said it (its ACL LOG names it).
+func (s *script) namingCommand(err error) error {
+	if !errors.Is(err, ErrMisconfigured) || strings.Contains(err.Error(), "may not run") {
+		return err
+	}
+	m := userScriptLine.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.Split(s.src, "\n")
+	for i := n; i >= n-2 && i >= 1 && i <= len(lines); i-- {
+		if c := scriptCommand.FindStringSubmatch(lines[i-1]); c != nil {
+			return fmt.Errorf("%w (the script's line %d runs %s: the ACL user may not run it)", err, n, c[1])
+		}
+	}
+	return err
 }
 
 // send sends one EVALSHA of s. go-redis's EvalSha boxes the sha and every
