@@ -68,7 +68,7 @@ func (a *admin) parse(args []string) (_ []string, code int, ok bool) {
 // code when it could not.
 func (a *admin) connect(ctx context.Context) int {
 	if err := a.be.check(); err != nil {
-		return usageError(a.fs, "%v", err)
+		return invalid(a.fs, "%v", err)
 	}
 	if !a.be.real() {
 		// An embedded Redis would start empty: nothing to inspect or change.
@@ -92,7 +92,7 @@ func (a *admin) close() {
 // a bad command line, anything else a failed command.
 func (a *admin) fail(err error) int {
 	if errors.Is(err, redlimit.ErrInvalidName) || errors.Is(err, redlimit.ErrInvalidConfig) {
-		return usageError(a.fs, "%v", err)
+		return invalid(a.fs, "%v", err)
 	}
 	fmt.Fprintf(a.stderr, "redlimit %s: %s\n", a.name, strings.TrimPrefix(err.Error(), "redlimit: "))
 	return exitFail
@@ -158,7 +158,8 @@ func classify(f []any) (algorithm string, stored bool) {
 	return "", false
 }
 
-// flatShapes are the flat states the funnel (a TAT), the fixed window
+// flatShapes are the flat states the funnel (a TAT, with its remainder
+// after a ',' when it has one), the fixed window
 // ('start count') and the sliding window ('start:count,gap:count…') keep in
 // a limiter's key while no config is stored (the README's "Keys in Redis"),
 // one part per rate with ';' between them: the shapes their scripts accept.
@@ -166,14 +167,36 @@ var flatShapes = []struct {
 	algorithm string
 	part      *regexp.Regexp
 }{
-	{"funnel", regexp.MustCompile(`^\d+$`)},
+	{"funnel", regexp.MustCompile(`^\d+(?:,\d+)?$`)},
 	{"fixed_window", regexp.MustCompile(`^\d+ \d+$`)},
 	{"sliding_window", regexp.MustCompile(`^\d+:\d+(?:,\d+:\d+)*$`)},
 }
 
+// stringAlgorithm tells the algorithm of the string at a limiter's name
+// with no config stored, or "": a marker (the algorithm's name: the token
+// bucket's, or any PerClient state's, kept elsewhere), a flat state that
+// starts with its algorithm's name as a tag, or an untagged flat state, by
+// its shape. No more of it is read: the scripts own its format.
+func stringAlgorithm(value string) string {
+	for _, alg := range algorithmNames() {
+		if rest, ok := strings.CutPrefix(value, alg); ok && (rest == "" || !isNameByte(rest[0])) {
+			return alg
+		}
+	}
+	return flatAlgorithm(value)
+}
+
+// isNameByte: a byte that could continue an algorithm's name.
+func isNameByte(b byte) bool { return b == '_' || 'a' <= b && b <= 'z' || '0' <= b && b <= '9' }
+
 // flatAlgorithm tells the algorithm whose flat state value is, or "": each
 // rate's part is empty or of that algorithm's shape, and one is not empty.
+// A marker (the token bucket's, or a PerClient default's: see
+// scripts/common.lua) is the algorithm's name.
 func flatAlgorithm(value string) string {
+	if algorithmNamed(value) != nil {
+		return value
+	}
 	algorithm := ""
 	for _, part := range strings.Split(value, ";") {
 		if part == "" {
@@ -210,7 +233,7 @@ func (a *admin) locate(ctx context.Context, name string) (string, error) {
 	full := l.Name()
 	f, err := a.rdb.HMGet(ctx, full, hashFields...).Result()
 	if isWrongType(err) {
-		if alg := flatAlgorithm(a.rdb.Get(ctx, full).Val()); alg != "" {
+		if alg := stringAlgorithm(a.rdb.Get(ctx, full).Val()); alg != "" {
 			return alg, nil
 		}
 		return "", fmt.Errorf("%s is a %s, not a limiter's hash or flat state", full, a.rdb.Type(ctx, full).Val())
@@ -228,7 +251,8 @@ func (a *admin) locate(ctx context.Context, name string) (string, error) {
 	if n > 0 {
 		return "tokenbucket", nil
 	}
-	ids, err := a.rdb.ZRange(ctx, keyOf(full, "clients"), 0, 0).Result()
+	// The latest client to be granted: its state is the likeliest to be left.
+	ids, err := a.rdb.ZRange(ctx, keyOf(full, "clients"), -1, -1).Result()
 	if err != nil || len(ids) == 0 {
 		return "", nil // no registry, or not a zset: not one of ours
 	}
@@ -286,6 +310,21 @@ func (c *configFlags) add(fs *flag.FlagSet, what string) {
 
 func (c *configFlags) given() bool { return c.rate != 0 || c.per != 0 }
 
+// missing says which of --rate and --per is missing when the other is
+// given ("" when both or neither are): without it the library would refuse
+// a zero, in words that do not name the flag.
+func (c *configFlags) missing(fs *flag.FlagSet) string {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	switch {
+	case given["rate"] && !given["per"]:
+		return "--per is required with --rate"
+	case given["per"] && !given["rate"]:
+		return "--rate is required with --per"
+	}
+	return ""
+}
+
 func (c *configFlags) config() redlimit.Config {
 	cfg := redlimit.Config{Rate: c.rate, Interval: c.per, Burst: c.burst, Buckets: c.buckets, KeepAlive: c.keepAlive}
 	if c.perClient {
@@ -334,10 +373,10 @@ type limitUsage struct {
 	Client    string `json:"client,omitempty"` // PerClient only
 	Limit     int64  `json:"limit"`
 	Remaining int64  `json:"remaining"`
-	// RetryAfterMS is 0 when a permit is free now. Otherwise it is the
-	// reset, an upper bound: a peek reports when the limiter is full again,
-	// not when its next permit frees (finding that out would take one).
+	// RetryAfterMS is the wait for one permit, as Allow's RetryAfter would
+	// say (rounded up to the ms): 0 when a permit is free now.
 	RetryAfterMS int64 `json:"retry_after_ms"`
+	// ResetAfterMS is the wait until the limiter is full again.
 	ResetAfterMS int64 `json:"reset_after_ms"`
 	// Bound is the rate Limit and Remaining are of, as Result.Bound: 0 the
 	// config's own, i its more[i-1]. With several rates, Remaining is the
@@ -345,16 +384,55 @@ type limitUsage struct {
 	Bound int `json:"bound"`
 }
 
-func peek(ctx context.Context, l *redlimit.Limiter, client string) (limitUsage, error) {
+// instant is the clock of get's Client: the one instant a report is of,
+// moved only to look ahead (nextPermit).
+type instant struct{ t time.Time }
+
+func (i *instant) now() time.Time { return i.t }
+
+// usageTime is the instant get reports usage at: Redis TIME, read once, so
+// that every number of a report is of one instant. Tests fix it.
+var usageTime = func(ctx context.Context, rdb redis.UniversalClient) (time.Time, error) {
+	return rdb.Time(ctx).Result()
+}
+
+func peek(ctx context.Context, l *redlimit.Limiter, client string, at *instant) (limitUsage, error) {
 	r, err := l.Allow(ctx, 0) // zero permits: reports and writes nothing
 	if err != nil {
 		return limitUsage{}, err
 	}
 	u := limitUsage{Client: client, Limit: r.Limit, Remaining: r.Remaining, ResetAfterMS: ms(r.ResetAfter), Bound: r.Bound}
 	if r.Remaining < 1 {
-		u.RetryAfterMS = u.ResetAfterMS
+		u.RetryAfterMS, err = nextPermit(ctx, l, at, u.ResetAfterMS)
 	}
-	return u, nil
+	return u, err
+}
+
+// nextPermit finds, to the millisecond, when a limiter with no permit left
+// at at.t frees one, with peeks at later instants. A peek's RetryAfter is 0
+// (it asks for no permit), and Allow(ctx, 1) would take the permit were one
+// free by then: get writes nothing. A limiter frees permits as time passes
+// and takes none back without a grant, so the first instant with a permit
+// is found by halving (0, reset]: log2 of the reset in ms peeks, 22 for an
+// hour.
+func nextPermit(ctx context.Context, l *redlimit.Limiter, at *instant, reset int64) (int64, error) {
+	now := at.t
+	defer func() { at.t = now }()
+	none, some := int64(0), reset // full again at reset
+	for some-none > 1 {
+		mid := none + (some-none)/2
+		at.t = now.Add(time.Duration(mid) * time.Millisecond)
+		r, err := l.Allow(ctx, 0)
+		if err != nil {
+			return 0, err
+		}
+		if r.Remaining >= 1 {
+			some = mid
+		} else {
+			none = mid
+		}
+	}
+	return some, nil
 }
 
 // limiterReport is get's answer.
@@ -367,6 +445,9 @@ type limiterReport struct {
 	Config *configJSON `json:"config"`
 	// Assumed is get's --rate/--per, used for the usage below when no config is stored.
 	Assumed *configJSON `json:"assumed,omitempty"`
+	// AsOf is the instant of Usage and Clients (Redis TIME, to the ms): the
+	// next permit is due at AsOf + RetryAfterMS.
+	AsOf string `json:"as_of"`
 	// TTLMS is RemainTimeToLive in milliseconds: -1 when the limiter's keys
 	// do not expire (a stored config without KeepAlive or Expire).
 	TTLMS int64 `json:"ttl_ms"`
@@ -381,10 +462,13 @@ type limiterReport struct {
 func get(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("get", "get [flags] NAME", `Shows a limiter: its algorithm, the stored config (or none: it runs on its
 handles' default), its TTL, and its usage now: permits remaining, when the
-next permit frees (at most) and when it is full again; for a PerClient
-limiter, each client's. It writes nothing: usage is read with a peek (Allow
-with zero permits). Without a stored config, usage needs the services'
-default: give it with --rate and --per (and the other config flags).
+next permit frees and when it is full again; for a PerClient limiter, each
+client's. It writes nothing: usage is read with peeks (Allow with zero
+permits), the next permit's time with peeks ahead of now. Without a stored
+config, usage needs the services' default: give it with --rate and --per
+(and the other config flags). With --json, durations are in milliseconds
+from as_of (Redis TIME): retry_after_ms is the wait for one permit,
+reset_after_ms until the limiter is full again.
 
 	redlimit get --redis redis://localhost:6379 --prefix svc: user:42
 `, true, stdout, stderr)
@@ -394,26 +478,35 @@ default: give it with --rate and --per (and the other config flags).
 	if !ok {
 		return code
 	}
-	if len(pos) != 1 {
+	switch {
+	case len(pos) != 1:
 		return usageError(a.fs, "want one NAME, got %d arguments", len(pos))
+	case assume.missing(a.fs) != "":
+		return usageError(a.fs, "%s", assume.missing(a.fs))
 	}
 	if code := a.connect(ctx); code != exitOK {
 		return code
 	}
 	defer a.close()
+	at := &instant{}
+	var err error
+	if at.t, err = usageTime(ctx, a.rdb); err != nil {
+		return a.fail(err)
+	}
+	a.client = redlimit.New(a.rdb, redlimit.WithPrefix(a.prefix), redlimit.WithClock(at.now))
 	name := pos[0]
 	l, alg, code := a.limiter(ctx, name)
 	if code != exitOK {
 		return code
 	}
-	rep := limiterReport{Name: name, Key: l.Name(), Algorithm: alg, Clients: []limitUsage{}}
+	rep := limiterReport{Name: name, Key: l.Name(), Algorithm: alg, AsOf: at.t.UTC().Format(asOfLayout), Clients: []limitUsage{}}
 	cfg, err := l.Config(ctx)
 	switch {
 	case errors.Is(err, redlimit.ErrNotInitialized):
 		if assume.given() {
 			cfg = assume.config()
 			if err := l.Validate(cfg); err != nil {
-				return usageError(a.fs, "%v", err)
+				return invalid(a.fs, "%v", err)
 			}
 			l, rep.Assumed = l.WithDefault(cfg), toJSON(cfg)
 		}
@@ -432,7 +525,7 @@ default: give it with --rate and --per (and the other config flags).
 	}
 	known := rep.Config != nil || rep.Assumed != nil
 	if known && cfg.Type == redlimit.Overall {
-		u, err := peek(ctx, l, "")
+		u, err := peek(ctx, l, "", at)
 		if err != nil {
 			return a.fail(err)
 		}
@@ -447,7 +540,7 @@ default: give it with --rate and --per (and the other config flags).
 		for _, id := range ids {
 			u := limitUsage{Client: id, RetryAfterMS: -1, ResetAfterMS: -1, Limit: -1, Remaining: -1}
 			if known {
-				if u, err = peek(ctx, l.AsClient(id), id); err != nil {
+				if u, err = peek(ctx, l.AsClient(id), id, at); err != nil {
 					return a.fail(err)
 				}
 			}
@@ -460,6 +553,9 @@ default: give it with --rate and --per (and the other config flags).
 	rep.print(stdout)
 	return exitOK
 }
+
+// asOfLayout is RFC 3339 to the millisecond, the precision of the numbers.
+const asOfLayout = "2006-01-02T15:04:05.000Z07:00"
 
 func (a *admin) writeJSON(v any) int {
 	if err := json.NewEncoder(a.stdout).Encode(v); err != nil {
@@ -537,7 +633,7 @@ func (u limitUsage) String() string {
 	}
 	next := "a permit is free now"
 	if u.RetryAfterMS > 0 {
-		next = fmt.Sprintf("next permit within %v", reset)
+		next = fmt.Sprintf("next permit in %v", time.Duration(u.RetryAfterMS)*time.Millisecond)
 	}
 	return fmt.Sprintf("%d of %d; %s; full again in %v", u.Remaining, u.Limit, next, reset)
 }
@@ -575,8 +671,10 @@ a new one needs --algorithm: the one its services' handles use.
 		return usageError(a.fs, "want one NAME, got %d arguments", len(pos))
 	case !c.given():
 		return usageError(a.fs, "want --rate and --per")
+	case c.missing(a.fs) != "":
+		return usageError(a.fs, "%s", c.missing(a.fs))
 	case *algorithm != "" && algorithmNamed(*algorithm) == nil:
-		return usageError(a.fs, "unknown algorithm %q: want one of %s", *algorithm, strings.Join(algorithmNames(), ", "))
+		return invalid(a.fs, "unknown algorithm %q: want one of %s", *algorithm, strings.Join(algorithmNames(), ", "))
 	}
 	// Ranges before dialling; the fields an algorithm uses once it is known.
 	common := c.config()
@@ -585,7 +683,7 @@ a new one needs --algorithm: the one its services' handles use.
 	}
 	common.Burst, common.Buckets = 0, 0
 	if err := redlimit.New(nil).TokenBucket(pos[0]).Validate(common); err != nil {
-		return usageError(a.fs, "%v", err)
+		return invalid(a.fs, "%v", err)
 	}
 	if code := a.connect(ctx); code != exitOK {
 		return code
@@ -599,7 +697,7 @@ a new one needs --algorithm: the one its services' handles use.
 	case held == "" && *algorithm == "":
 		// Guessing would break the services: a handle of another
 		// algorithm fails on a config that is not its own.
-		return usageError(a.fs, "%s is not in Redis yet: give the --algorithm its services use", name)
+		return invalid(a.fs, "%s is not in Redis yet: give the --algorithm its services use", name)
 	case held != "" && *algorithm != "" && held != *algorithm:
 		return a.fail(fmt.Errorf("%s is a %s limiter, not a %s: delete it first (redlimit delete) to change its algorithm", name, held, *algorithm))
 	case held != "":
@@ -608,7 +706,7 @@ a new one needs --algorithm: the one its services' handles use.
 	l := algorithmNamed(*algorithm)(a.client, name)
 	cfg := c.config()
 	if err := l.Validate(cfg); err != nil {
-		return usageError(a.fs, "%v", err)
+		return invalid(a.fs, "%v", err)
 	}
 	if *ifAbsent {
 		stored, err := l.TrySetRate(ctx, cfg)
@@ -665,7 +763,7 @@ terminal; elsewhere it needs --yes.
 		if !*yes {
 			in, terminal := terminalInput()
 			if !terminal {
-				return usageError(a.fs, "not a terminal: confirm with --yes")
+				return invalid(a.fs, "not a terminal: confirm with --yes")
 			}
 			fmt.Fprintf(stdout, "Delete the %s limiter %s (key %s) and all its usage? [y/N] ", alg, name, l.Name())
 			line, _ := bufio.NewReader(in).ReadString('\n')
@@ -706,10 +804,10 @@ SetRate or keep-alive sets the expiry again.
 		d, err := parsePeriod(arg)
 		switch {
 		case err != nil:
-			return usageError(a.fs, "DURATION %q: %v", arg, err)
+			return invalid(a.fs, "DURATION %q: %v", arg, err)
 		case d <= 0:
 			// Expire deletes on zero; deleting is delete's job, with its confirmation.
-			return usageError(a.fs, "DURATION %v: want more than 0 (to delete, use redlimit delete)", d)
+			return invalid(a.fs, "DURATION %v: want more than 0 (to delete, use redlimit delete)", d)
 		}
 		ttl = d
 		return exitOK

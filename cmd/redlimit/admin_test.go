@@ -308,7 +308,12 @@ func snapshot(t *testing.T, s server, prefix string) map[string]string {
 		expiry := s.rdb.PTTL(ctx, key).Val().String()
 		if s.real {
 			v += " dump " + strconv.Quote(s.rdb.Dump(ctx, key).Val())
-			expiry = strconv.FormatInt(s.rdb.Do(ctx, "PEXPIRETIME", key).Val().(int64), 10)
+			at, err := s.rdb.Do(ctx, "PEXPIRETIME", key).Int64()
+			if err != nil {
+				// Redis 6.2 has no PEXPIRETIME, and PTTL moves between two snapshots.
+				t.Skipf("no exact expiry to compare: PEXPIRETIME: %v", err)
+			}
+			expiry = strconv.FormatInt(at, 10)
 		}
 		snap[key] = typ + " " + v + " expiry " + expiry
 	}
@@ -387,7 +392,8 @@ func TestLs(t *testing.T) {
 				}
 			}
 		})
-		if want := []string{"a", "b", "c", "d", "e", "user:1", "user:2", "{g}:h"}; !slices.Equal(names, want) {
+		// f, a token bucket on a default, is listed by its state keys.
+		if want := []string{"a", "b", "c", "d", "e", "f", "user:1", "user:2", "{g}:h"}; !slices.Equal(names, want) {
 			t.Errorf("ls: %q, want %q", names, want)
 		}
 		for name, x := range stored {
@@ -412,8 +418,8 @@ func TestLs(t *testing.T) {
 		if got := s.ls(t, prefix, "user:*"); len(got) != 2 || got["user:1"].Name == "" || got["user:2"].Name == "" {
 			t.Errorf("ls user:*: %+v", got)
 		}
-		if got := s.ls(t, prefix, "--count", "1"); len(got) != 8 {
-			t.Errorf("ls --count 1: %d limiters, want 8", len(got))
+		if got := s.ls(t, prefix, "--count", "1"); len(got) != 9 {
+			t.Errorf("ls --count 1: %d limiters, want 9", len(got))
 		}
 	})
 }
@@ -494,7 +500,10 @@ func TestAdminCommandLine(t *testing.T) {
 		{[]string{"ls", "--redis", r, "--cluster", "x:1"}, exitUsage, "cannot be used together"},
 		{[]string{"ls", "--redis", r, "a", "b"}, exitUsage, "want at most one PATTERN"},
 		{[]string{"ls", "--redis", r, "--count", "0"}, exitUsage, "--count 0"},
-		{[]string{"set", "--redis", r, "api", "--rate", "1"}, exitUsage, "invalid config"},
+		{[]string{"set", "--redis", r, "api", "--rate", "1"}, exitUsage, "--per is required"},
+		{[]string{"set", "--redis", r, "api", "--per", "1s"}, exitUsage, "--rate is required"},
+		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "0s"}, exitUsage, "invalid config"},
+		{[]string{"get", "--redis", r, "api", "--rate", "1"}, exitUsage, "--per is required"},
 		{[]string{"set", "--redis", r, "api"}, exitUsage, "want --rate and --per"},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "leaky"}, exitUsage, `unknown algorithm "leaky"`},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "fixed_window", "--burst", "5"}, exitUsage, "only a funnel has a burst"},
@@ -542,7 +551,36 @@ func TestAdminOnSentinel(t *testing.T) {
 	if got := s.ls(t, prefix); len(got) != 1 || got["api"].Algorithm != "sliding_window" {
 		t.Errorf("ls: %+v", got)
 	}
+	// The sentinels as one URL, as go-redis's ParseFailoverURL reads it.
+	addrs := sen.SentinelAddrs()
+	url := "redis://" + addrs[0] + "?master_name=" + redistest.SentinelMaster
+	for _, addr := range addrs[1:] {
+		url += "&addr=" + addr
+	}
+	s.flags = []string{"--sentinel", url}
+	if got := s.ls(t, prefix); len(got) != 1 || got["api"].Algorithm != "sliding_window" {
+		t.Errorf("ls with --sentinel %s: %+v", url, got)
+	}
 	s.must(t, prefix, "delete", "--yes", "api")
+}
+
+// TestAddressForms: --redis and --cluster take host:port as well as a URL
+// (the issue's --redis localhost:6399 failed with "invalid URL scheme").
+func TestAddressForms(t *testing.T) {
+	eachServer(t, func(t *testing.T, s server) {
+		switch addr := s.flags[1]; s.flags[0] {
+		case "--redis":
+			s.flags[1] = strings.TrimPrefix(addr, "redis://")
+		case "--cluster":
+			seeds := strings.Split(addr, ",")
+			s.flags[1] = "redis://" + seeds[0] + "?addr=" + strings.Join(seeds[1:], "&addr=")
+		}
+		prefix := newPrefix()
+		s.must(t, prefix, "set", "api", "--rate", "4", "--per", "1m", "--algorithm", "funnel")
+		if rep := s.get(t, prefix, "api"); rep.Config == nil || rep.Config.Rate != 4 {
+			t.Errorf("get with %v: %+v", s.flags, rep)
+		}
+	})
 }
 
 // TestLsMillionKeys: ls over many limiters, on a server of its own,
@@ -717,7 +755,7 @@ func TestSeveralRates(t *testing.T) {
 				if wantLine := "api " + alg.name + " " + want.String(); strings.Join(strings.Fields(listed), " ") != wantLine {
 					t.Errorf("ls: %q, want %q", listed, wantLine)
 				}
-				for _, line := range []string{"config     " + want.String() + "  (stored)", "remaining  0 of 3; next permit within ", "; 3 per 1h0m0s binds\n"} {
+				for _, line := range []string{"config     " + want.String() + "  (stored)", "remaining  0 of 3; next permit in ", "; 3 per 1h0m0s binds\n"} {
 					if !strings.Contains(text, line) {
 						t.Errorf("get lacks %q:\n%s", line, text)
 					}
@@ -754,6 +792,7 @@ func TestSeveralRates(t *testing.T) {
 func TestFlatAlgorithm(t *testing.T) {
 	for value, want := range map[string]string{
 		"1700000000000000": "funnel", "1700000000000000;1700000000600000": "funnel", ";1700000000600000": "funnel",
+		"1700000000000000,2": "funnel", "1700000000000000,2;1700000000600000": "funnel", "1,2,3": "",
 		"1699999200000 3": "fixed_window", "1699999200000 5;1699999200000 1": "fixed_window",
 		"1699999200000:3,1000:2": "sliding_window", "1699999200000:3;": "sliding_window",
 		"": "", ";": "", "x": "", "1 2;3": "", "1;2 3": "", "1:2;3": "", "1;x": "",
@@ -762,4 +801,153 @@ func TestFlatAlgorithm(t *testing.T) {
 			t.Errorf("flatAlgorithm(%q) = %q, want %q", value, got, want)
 		}
 	}
+}
+
+// TestGetNextPermit: get's retry_after_ms is the wait for one permit, to the
+// millisecond, and reset_after_ms the wait until the limiter is full; both
+// at exact instants (the limiters decide on a fixed clock, and get reports
+// as of one), for each algorithm, Overall and PerClient. The issue's case is
+// the token bucket's: 499ms to the next permit, 4999ms to full, where get
+// used to report the reset as retry_after_ms.
+func TestGetNextPermit(t *testing.T) {
+	ctx := context.Background()
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) // on every window's edge
+	type grant struct {
+		at      time.Duration
+		permits int64
+	}
+	tests := []struct {
+		alg          string
+		grants       []grant
+		at           time.Duration // get's instant
+		retry, reset int64         // ms
+	}{
+		// 1 then 9 of 10 per 5s: the first comes back 5s after it was
+		// granted, the last 5s after it.
+		{"tokenbucket", []grant{{0, 1}, {4500 * time.Millisecond, 9}}, 4501 * time.Millisecond, 499, 4999},
+		// The window ends at 5s: every permit comes back then.
+		{"fixed_window", []grant{{time.Second, 10}}, 4501 * time.Millisecond, 499, 499},
+		// A funnel of 10 drains one every 500ms: full at 0s, it has one
+		// again at 0.5s, and is empty at 5s.
+		{"funnel", []grant{{0, 10}}, 200 * time.Millisecond, 300, 4800},
+		// Buckets of 500ms: the 4 of the 1s bucket leave the sum at 6s, the
+		// 6 of the 3s bucket at 8s.
+		{"sliding_window", []grant{{time.Second, 4}, {3 * time.Second, 6}}, 4501 * time.Millisecond, 1499, 3499},
+	}
+	eachServer(t, func(t *testing.T, s server) {
+		for _, tt := range tests {
+			for _, perClient := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/per-client=%v", tt.alg, perClient), func(t *testing.T) {
+					prefix := newPrefix()
+					now := base
+					client := redlimit.New(s.rdb, redlimit.WithPrefix(prefix), redlimit.WithClientID("alice"), redlimit.WithClock(func() time.Time { return now }))
+					l := algorithmNamed(tt.alg)(client, "api")
+					cfg := redlimit.Per(10, 5*time.Second)
+					if perClient {
+						cfg.Type = redlimit.PerClient
+					}
+					if err := l.SetRate(ctx, cfg); err != nil {
+						t.Fatal(err)
+					}
+					for _, g := range tt.grants {
+						now = base.Add(g.at)
+						if ok, err := l.TryAcquire(ctx, g.permits); !ok || err != nil {
+							t.Fatalf("TryAcquire(%d) at %v: %v %v", g.permits, g.at, ok, err)
+						}
+					}
+					now = base.Add(tt.at)
+					saved := usageTime
+					usageTime = func(context.Context, redis.UniversalClient) (time.Time, error) { return now, nil }
+					t.Cleanup(func() { usageTime = saved })
+
+					rep := s.get(t, prefix, "api")
+					u := rep.Usage
+					if perClient {
+						if len(rep.Clients) != 1 || rep.Usage != nil {
+							t.Fatalf("usage %+v, clients %+v: want alice's", rep.Usage, rep.Clients)
+						}
+						u = &rep.Clients[0]
+					}
+					if u == nil || u.Remaining != 0 || u.Limit != 10 || u.RetryAfterMS != tt.retry || u.ResetAfterMS != tt.reset {
+						t.Errorf("usage %+v: want 0 of 10, retry after %dms, reset after %dms", u, tt.retry, tt.reset)
+					}
+					if want := now.Format(asOfLayout); rep.AsOf != want {
+						t.Errorf("as_of %q, want %q", rep.AsOf, want)
+					}
+					line := fmt.Sprintf("0 of 10; next permit in %v; full again in %v", time.Duration(tt.retry)*time.Millisecond, time.Duration(tt.reset)*time.Millisecond)
+					if text := s.must(t, prefix, "get", "api"); !strings.Contains(text, line) {
+						t.Errorf("get lacks %q:\n%s", line, text)
+					}
+					// The library's own wait for one permit, at the same instant.
+					if r, err := l.Allow(ctx, 1); err != nil || r.Allowed || ms(r.RetryAfter) != tt.retry {
+						t.Errorf("Allow(1): %+v %v: want denied, retry after %dms", r, err, tt.retry)
+					}
+				})
+			}
+		}
+	})
+}
+
+// TestLsDefaults: limiters running on a default are listed by whatever key
+// they have: the issue's `ls --prefix pc:` printed nothing for 10 of them.
+// Each algorithm Overall (a flat state, or the token bucket's :value) and
+// PerClient (the :clients registry); a marker (a string naming the
+// algorithm) and a flat state tagged with it, as the scripts may write them;
+// a registry whose clients are all full again is counted, not listed.
+func TestLsDefaults(t *testing.T) {
+	ctx := context.Background()
+	eachServer(t, func(t *testing.T, s server) {
+		prefix := newPrefix()
+		client := redlimit.New(s.rdb, redlimit.WithPrefix(prefix), redlimit.WithClientID("alice"))
+		want := map[string]string{}
+		for i, alg := range algorithms {
+			for j, cfg := range []redlimit.Config{redlimit.PerHour(3), {Type: redlimit.PerClient, Rate: 3, Interval: time.Hour}} {
+				name := fmt.Sprintf("pc:%d", 2*i+j)
+				if _, err := alg.limiter(client, name).WithDefault(cfg).TryAcquire(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+				want[name] = alg.name
+			}
+		}
+		// State from before markers (or Redisson's): a token bucket's
+		// (pc:4) and a PerClient funnel's (pc:7) state keys alone.
+		for _, name := range []string{"pc:4", "pc:7"} {
+			if key := prefix + "{" + name + "}"; s.rdb.Type(ctx, key).Val() == "string" {
+				s.rdb.Del(ctx, key)
+			}
+			if n := s.rdb.Exists(ctx, prefix+"{"+name+"}").Val(); n != 0 {
+				t.Fatalf("%s has a key of its own", name)
+			}
+		}
+		s.rdb.Set(ctx, prefix+"{pc:8}", "sliding_window", time.Hour)
+		s.rdb.Set(ctx, prefix+"{pc:9}", "funnel:1893456000000000", time.Hour)
+		want["pc:8"], want["pc:9"] = "sliding_window", "funnel"
+		s.rdb.ZAdd(ctx, prefix+"{gone}:clients", redis.Z{Score: 1, Member: "bob"})
+
+		for _, pattern := range []string{"pc:*", ""} {
+			args := []string{}
+			if pattern != "" {
+				args = append(args, pattern)
+			}
+			got := s.ls(t, prefix, args...)
+			algs := map[string]string{}
+			for name, l := range got {
+				algs[name] = l.Algorithm
+				if l.Config != nil || l.Key != prefix+"{"+name+"}" {
+					t.Errorf("%s: %+v", name, l)
+				}
+			}
+			if !maps.Equal(algs, want) {
+				t.Errorf("ls %q: %v\nwant %v", pattern, algs, want)
+			}
+		}
+		code, stdout, stderr := s.command(t, prefix, "ls")
+		if code != exitOK || strings.Count(stdout, "none stored (runs on its handles' default)") != 10 ||
+			!strings.Contains(stderr, "1 more names have only a PerClient registry") {
+			t.Errorf("ls: exit %d\n%s%s", code, stdout, stderr)
+		}
+		if rep := s.get(t, prefix, "pc:8"); rep.Algorithm != "sliding_window" {
+			t.Errorf("get of a marker: %+v", rep)
+		}
+	})
 }

@@ -44,19 +44,19 @@ each panel says how close each rate came to its limit.
 	case fs.NArg() > 0:
 		return usageError(fs, "unexpected argument %q", fs.Arg(0))
 	case patterns[*pattern].arrivals == nil:
-		return usageError(fs, "unknown pattern %q: want one of %s", *pattern, strings.Join(patternNames(), ", "))
+		return invalid(fs, "unknown pattern %q: want one of %s", *pattern, strings.Join(patternNames(), ", "))
 	case *windows < 1 || *windows > 100:
-		return usageError(fs, "-windows %d: want 1 to 100", *windows)
+		return invalid(fs, "-windows %d: want 1 to 100", *windows)
 	case *out != "" && !strings.EqualFold(filepath.Ext(*out), ".png") && !strings.EqualFold(filepath.Ext(*out), ".svg"):
-		return usageError(fs, "-out %q: want a .png or .svg file", *out)
+		return invalid(fs, "-out %q: want a .png or .svg file", *out)
 	case *rate < 1 || *rate > 1000:
-		return usageError(fs, "-rate %d: want 1 to 1000", *rate)
+		return invalid(fs, "-rate %d: want 1 to 1000", *rate)
 	case *interval < 10*time.Millisecond:
-		return usageError(fs, "-interval %v: want at least 10ms", *interval)
+		return invalid(fs, "-interval %v: want at least 10ms", *interval)
 	}
 	cfg := redlimit.Per(*rate, *interval).And(and.rates...)
 	if err := redlimit.New(nil).FixedWindow("compare").Validate(cfg); err != nil {
-		return usageError(fs, "%v", err)
+		return invalid(fs, "%v", err)
 	}
 
 	if code, ok := be.start(ctx, fs); !ok {

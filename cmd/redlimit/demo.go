@@ -48,26 +48,26 @@ windows too:
 	case fs.NArg() > 0:
 		return usageError(fs, "unexpected argument %q", fs.Arg(0))
 	case s.instances < 1 || s.instances > 64:
-		return usageError(fs, "-instances %d: want 1 to 64", s.instances)
+		return invalid(fs, "-instances %d: want 1 to 64", s.instances)
 	case s.duration < 200*time.Millisecond || s.duration > 10*time.Minute:
-		return usageError(fs, "-duration %v: want 200ms to 10m", s.duration)
+		return invalid(fs, "-duration %v: want 200ms to 10m", s.duration)
 	case !slices.Contains(algorithmNames(), s.algorithm):
-		return usageError(fs, "unknown algorithm %q: want one of %s", s.algorithm, strings.Join(algorithmNames(), ", "))
+		return invalid(fs, "unknown algorithm %q: want one of %s", s.algorithm, strings.Join(algorithmNames(), ", "))
 	case s.rate < 1 || s.rate > 100_000 || s.newRate < 1 || s.newRate > 100_000:
-		return usageError(fs, "-rate %d, -new-rate %d: want 1 to 100000", s.rate, s.newRate)
+		return invalid(fs, "-rate %d, -new-rate %d: want 1 to 100000", s.rate, s.newRate)
 	}
 	s.more = and.rates
 	for _, more := range s.more {
 		// The further rates are checked in windows made of whole seconds
 		// of the per-second table.
 		if more.Interval%time.Second != 0 || more.Interval < 2*time.Second {
-			return usageError(fs, "-and %v: want a PERIOD of whole seconds, at least 2s", more)
+			return invalid(fs, "-and %v: want a PERIOD of whole seconds, at least 2s", more)
 		}
 	}
 	validate := algorithms[slices.Index(algorithmNames(), s.algorithm)].limiter(redlimit.New(nil), "demo").Validate
 	for _, cfg := range []redlimit.Config{s.config(s.rate), s.config(s.newRate)} {
 		if err := validate(cfg); err != nil {
-			return usageError(fs, "%v", err)
+			return invalid(fs, "%v", err)
 		}
 	}
 

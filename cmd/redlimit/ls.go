@@ -16,11 +16,11 @@ import (
 	"github.com/redlimit/redlimit"
 )
 
-// ls lists the limiters in Redis: the hashes at prefix{name} that hold a
-// config or an algorithm's state. It SCANs (never KEYS, which blocks Redis
-// for as long as it takes over every key), every primary of a Cluster, and
-// prints each batch as it comes: memory stays one batch whatever the number
-// of keys.
+// ls lists the limiters in Redis: those with a key at prefix{name}, a hash
+// or a string, and those running on a default that only their state keys
+// show. It SCANs (never KEYS, which blocks Redis for as long as it takes
+// over every key), every primary of a Cluster, and prints each batch as it
+// comes: memory stays one batch whatever the number of keys.
 func ls(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("ls", "ls [flags] [PATTERN]", `Lists the limiters in Redis, one line each: name, algorithm and stored
 config, or "none stored" for one running on its handles' default. PATTERN is
@@ -29,10 +29,11 @@ reads with SCAN (on every primary of a Cluster), so Redis keeps serving
 however many keys it holds; the order is SCAN's. With --json, one JSON object
 per line.
 
-A limiter appears here while its hash exists: a stored config, or usage
-counted on a default (funnel, fixed and sliding windows). A token bucket or
-a PerClient limiter running on a default keeps no hash; get finds those by
-name.
+A limiter appears here while it has a key: its own (prefix{name}: a hash
+with a stored config or state, or a string with a flat state or a marker),
+or, running on a default, its state's (a token bucket's :value string, a
+PerClient limiter's :clients registry). One running on a default with no
+usage now has no key at all: there is nothing to list.
 
 	redlimit ls --redis redis://localhost:6379 --prefix svc: 'user:*'
 `, true, stdout, stderr)
@@ -45,7 +46,7 @@ name.
 	case len(pos) > 1:
 		return usageError(a.fs, "want at most one PATTERN, got %d arguments", len(pos))
 	case *count < 1 || *count > 100_000:
-		return usageError(a.fs, "--count %d: want 1 to 100000", *count)
+		return invalid(a.fs, "--count %d: want 1 to 100000", *count)
 	}
 	pattern := ""
 	if len(pos) == 1 {
@@ -56,8 +57,9 @@ name.
 	}
 	defer a.close()
 	out := &lsOutput{w: bufio.NewWriter(stdout), json: a.json}
+	passes := lsPasses(a.prefix, pattern)
 	scan := func(ctx context.Context, node redis.Cmdable) error {
-		return a.scan(ctx, node, matchPattern(a.prefix, pattern), *count, out)
+		return a.scan(ctx, node, passes, *count, out)
 	}
 	var err error
 	if cluster, ok := a.rdb.(*redis.ClusterClient); ok {
@@ -72,6 +74,9 @@ name.
 	if err != nil {
 		return a.fail(err)
 	}
+	if out.unknown > 0 {
+		fmt.Fprintf(stderr, "redlimit ls: %d more names have only a PerClient registry (no config stored, every client full again), which does not tell their algorithm\n", out.unknown)
+	}
 	return exitOK
 }
 
@@ -80,6 +85,10 @@ type lsOutput struct {
 	mu   sync.Mutex
 	w    *bufio.Writer
 	json bool
+	// unknown counts the names seen with only a PerClient registry: no
+	// config stored, no client's state left (every one full again), so
+	// nothing tells the algorithm.
+	unknown int
 }
 
 // lsLine is ls's JSON, one object per line.
@@ -93,19 +102,47 @@ type lsLine struct {
 	Corrupt string `json:"corrupt,omitempty"`
 }
 
+// The keys ls reads: a limiter's own key (prefix{name}: its hash, or a
+// string: a flat state or a marker), and, for a limiter running on a
+// default that has no key of its own (state from before markers, or
+// written by Redisson), the first state key of a token bucket (:value) and
+// a PerClient limiter's registry (:clients). One key each, so that a
+// limiter is listed once without remembering which were.
+type keyKind int
+
+const (
+	ownKey keyKind = 1 << iota
+	valueKey
+	clientsKey
+)
+
+// lsPass is one SCAN over the keyspace: a MATCH and the kinds of key it is
+// for. Without a PATTERN, prefix* (or *) covers every kind in one pass; a
+// PATTERN needs one MATCH per kind, each exact.
+type lsPass struct {
+	match string
+	kinds keyKind
+}
+
+func lsPasses(prefix, pattern string) []lsPass {
+	own := matchPattern(prefix, pattern)
+	if pattern == "" {
+		return []lsPass{{own, ownKey | valueKey | clientsKey}}
+	}
+	return []lsPass{{own, ownKey}, {keyOf(own, "value"), valueKey}, {keyOf(own, "clients"), clientsKey}}
+}
+
 // scan walks one node's keyspace, a SCAN call at a time, and prints the
 // limiters among each call's keys before asking for more.
-func (a *admin) scan(ctx context.Context, node redis.Cmdable, match string, count int64, out *lsOutput) error {
-	// A limiter's key is a hash, or a string holding a flat state; TYPE has
-	// Redis leave out the other keys itself (Redis 6+).
-	for _, typ := range []string{"hash", "string"} {
+func (a *admin) scan(ctx context.Context, node redis.Cmdable, passes []lsPass, count int64, out *lsOutput) error {
+	for _, p := range passes {
 		var cursor uint64
 		for {
-			keys, next, err := node.ScanType(ctx, cursor, match, count, typ).Result()
+			keys, next, err := node.Scan(ctx, cursor, p.match, count).Result()
 			if err != nil {
 				return err
 			}
-			if err := a.describe(ctx, keys, typ == "string", out); err != nil {
+			if err := a.describe(ctx, keys, p.kinds, out); err != nil {
 				return err
 			}
 			if next == 0 {
@@ -117,52 +154,137 @@ func (a *admin) scan(ctx context.Context, node redis.Cmdable, match string, coun
 	return nil
 }
 
-// describe reads the keys that may be limiters (hashes, or strings when
-// flat), in one pipeline, and prints those that are.
-func (a *admin) describe(ctx context.Context, keys []string, flat bool, out *lsOutput) error {
-	type candidate struct {
-		name, key string
-		fields    *redis.SliceCmd
-		value     *redis.StringCmd
-	}
-	var batch []candidate
+// candidate is a key that may tell a limiter, and what ls reads of it.
+type candidate struct {
+	name, full string // the limiter's
+	key        string
+	kind       keyKind
+	typ        *redis.StatusCmd // ownKey: TYPE
+	exists     *redis.IntCmd    // valueKey, clientsKey: whether the limiter's own key exists
+	first      *redis.StringSliceCmd
+	fields     *redis.SliceCmd  // a hash's
+	value      *redis.StringCmd // a string's
+	state      []*redis.IntCmd  // a registry's first client: EXISTS of each algorithm's state key
+}
+
+// describe reads the keys of one SCAN call that may tell a limiter, in two
+// pipelines (what each key is, then what it holds), and prints the limiters.
+func (a *admin) describe(ctx context.Context, keys []string, kinds keyKind, out *lsOutput) error {
+	var batch []*candidate
 	pipe := a.rdb.Pipeline()
 	for _, key := range keys {
-		if name, ok := a.nameOf(key); ok && flat {
-			batch = append(batch, candidate{name: name, key: key, value: pipe.Get(ctx, key)})
-		} else if ok {
-			batch = append(batch, candidate{name: name, key: key, fields: pipe.HMGet(ctx, key, hashFields...)})
+		c := a.candidate(key, kinds)
+		if c == nil {
+			continue
 		}
+		switch c.kind {
+		case ownKey:
+			c.typ = pipe.Type(ctx, key)
+		case valueKey:
+			c.exists = pipe.Exists(ctx, c.full)
+		case clientsKey:
+			c.exists = pipe.Exists(ctx, c.full)
+			c.first = pipe.ZRange(ctx, key, -1, -1) // the latest to be granted
+		}
+		batch = append(batch, c)
 	}
 	if len(batch) == 0 {
 		return nil
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !isWrongType(err) && err != redis.Nil {
+	if _, err := pipe.Exec(ctx); err != nil && !isWrongType(err) {
 		return err
+	}
+	for _, c := range batch {
+		switch {
+		case c.typ != nil && c.typ.Val() == "hash":
+			c.fields = pipe.HMGet(ctx, c.key, hashFields...)
+		case c.typ != nil && c.typ.Val() == "string":
+			c.value = pipe.Get(ctx, c.key)
+		case c.first != nil && c.exists.Val() == 0 && len(c.first.Val()) == 1:
+			for _, s := range perClientState {
+				c.state = append(c.state, pipe.Exists(ctx, keyOf(c.full, s.suffix+":"+c.first.Val()[0])))
+			}
+		}
+	}
+	if pipe.Len() > 0 {
+		// Keys deleted or replaced since: redis.Nil, WRONGTYPE; skipped below.
+		if _, err := pipe.Exec(ctx); err != nil && !isWrongType(err) && err != redis.Nil {
+			return err
+		}
 	}
 	out.mu.Lock()
 	defer out.mu.Unlock()
 	for _, c := range batch {
-		if flat {
-			// A flat state: no config stored (scripts/common.lua).
-			if alg := flatAlgorithm(c.value.Val()); alg != "" {
-				out.print(lsLine{Name: c.name, Key: c.key, Algorithm: alg})
-			}
-			continue
-		}
-		f, err := c.fields.Result()
-		if isWrongType(err) || err == redis.Nil {
-			continue // no longer a hash: deleted or replaced since SCAN saw it
-		}
+		line, err := c.line()
 		if err != nil {
 			return err
 		}
-		alg, stored := classify(f)
-		if alg == "" {
-			continue // a hash, but none of a limiter's fields
+		switch {
+		case line.Algorithm != "":
+			out.print(line)
+		case c.kind == clientsKey && c.exists.Val() == 0:
+			out.unknown++
 		}
-		line := lsLine{Name: c.name, Key: c.key, Algorithm: alg}
-		if stored {
+	}
+	return out.w.Flush()
+}
+
+// candidate returns what to read of key, a key of one of kinds, or nil
+// when key cannot tell a limiter.
+func (a *admin) candidate(key string, kinds keyKind) *candidate {
+	if kinds&ownKey != 0 {
+		if name, ok := a.nameOf(key); ok {
+			return &candidate{name: name, full: key, key: key, kind: ownKey}
+		}
+	}
+	for _, k := range []struct {
+		kind   keyKind
+		suffix string
+	}{{valueKey, "value"}, {clientsKey, "clients"}} {
+		if kinds&k.kind == 0 {
+			continue
+		}
+		full, ok := ownerOf(key, k.suffix)
+		if !ok {
+			continue
+		}
+		if name, ok := a.nameOf(full); ok {
+			return &candidate{name: name, full: full, key: key, kind: k.kind}
+		}
+	}
+	return nil
+}
+
+// ownerOf returns the limiter key whose suffix key is key (keyOf's inverse).
+func ownerOf(key, suffix string) (string, bool) {
+	base, ok := strings.CutSuffix(key, ":"+suffix)
+	if !ok {
+		return "", false
+	}
+	if inner, ok := strings.CutPrefix(base, "{"); ok && strings.HasSuffix(inner, "}") && keyOf(inner[:len(inner)-1], suffix) == key {
+		return inner[:len(inner)-1], true
+	}
+	return base, keyOf(base, suffix) == key
+}
+
+// line says what c found; no Algorithm when it is no limiter's, or one
+// listed by its own key.
+func (c *candidate) line() (lsLine, error) {
+	line := lsLine{Name: c.name, Key: c.full}
+	switch {
+	case c.value != nil:
+		line.Algorithm = stringAlgorithm(c.value.Val())
+	case c.fields != nil:
+		f, err := c.fields.Result()
+		if isWrongType(err) || err == redis.Nil {
+			return lsLine{}, nil // no longer a hash: deleted or replaced since
+		}
+		if err != nil {
+			return lsLine{}, err
+		}
+		alg, stored := classify(f)
+		line.Algorithm = alg
+		if alg != "" && stored {
 			cfg, err := storedConfig(f)
 			if err != nil {
 				line.Corrupt = err.Error()
@@ -170,9 +292,17 @@ func (a *admin) describe(ctx context.Context, keys []string, flat bool, out *lsO
 				line.Config = toJSON(cfg)
 			}
 		}
-		out.print(line)
+	case c.kind == valueKey && c.exists.Val() == 0:
+		line.Algorithm = "tokenbucket" // Overall, on a default
+	case c.state != nil:
+		for i, n := range c.state {
+			if n.Val() > 0 {
+				line.Algorithm = perClientState[i].algorithm
+				break
+			}
+		}
 	}
-	return out.w.Flush()
+	return line, nil
 }
 
 func (o *lsOutput) print(l lsLine) {

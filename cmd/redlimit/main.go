@@ -25,6 +25,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 
 	"github.com/redlimit/redlimit"
 )
@@ -73,6 +74,9 @@ const (
 
 // run is the whole program, separate from main so that tests can call it.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	// go-redis logs every failed dial on stderr, before the command's own
+	// one-line error says the same: an unreachable Redis printed four.
+	logging.Disable()
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
@@ -113,25 +117,50 @@ func newFlagSet(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
 }
 
 // parseFlags parses args and says what run should return when it fails:
-// exitOK for -h (the usage is printed), exitUsage for a bad flag.
+// exitOK for -h (the usage is printed), exitUsage for a bad flag (the flag
+// package's one-line error, then where the usage is).
 func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	help := fs.Usage
+	fs.Usage = func() {} // flag calls it on -h and on every error
 	err := fs.Parse(args)
+	fs.Usage = help
 	switch {
 	case errors.Is(err, flag.ErrHelp):
+		help()
 		return exitOK, false
 	case err != nil:
+		usageHint(fs)
 		return exitUsage, false
 	}
 	return 0, true
 }
 
-// usageError prints a command-line mistake with the command's usage.
+// usageError reports a malformed command line (arguments missing or extra,
+// flags that go together or not at all) with the command's synopsis.
 func usageError(fs *flag.FlagSet, format string, a ...any) int {
+	invalid(fs, format, a...)
+	usageHint(fs)
+	return exitUsage
+}
+
+// invalid reports a value the command refuses, in one line: the usage would
+// bury it and says nothing about the value.
+func invalid(fs *flag.FlagSet, format string, a ...any) int {
 	// One prefix: the library's errors start with "redlimit: " too.
 	msg := strings.TrimPrefix(fmt.Sprintf(format, a...), "redlimit: ")
 	fmt.Fprintf(fs.Output(), "redlimit %s: %s\n", fs.Name(), msg)
-	fs.Usage()
 	return exitUsage
+}
+
+// usageHint prints the synopsis (the usage's first line) and where the rest is.
+func usageHint(fs *flag.FlagSet) {
+	var full strings.Builder
+	out := fs.Output()
+	fs.SetOutput(&full)
+	fs.Usage()
+	fs.SetOutput(out)
+	synopsis, _, _ := strings.Cut(full.String(), "\n")
+	fmt.Fprintf(out, "%s\nRun 'redlimit %s -h' for its flags.\n", synopsis, fs.Name())
 }
 
 // backend is where a command's limiters live: --redis, --cluster,
@@ -149,9 +178,9 @@ type backend struct {
 }
 
 func (b *backend) addFlags(fs *flag.FlagSet) {
-	fs.StringVar(&b.url, "redis", "", "a Redis server, as a URL: redis://[user:password@]host:port[/db]")
-	fs.StringVar(&b.cluster, "cluster", "", "a Redis Cluster, as comma-separated host:port seed nodes")
-	fs.StringVar(&b.sentinel, "sentinel", "", "Redis Sentinel, as comma-separated host:port sentinels (with --master)")
+	fs.StringVar(&b.url, "redis", "", "a Redis server: host:port, or a URL: redis://[user:password@]host:port[/db] (rediss:// for TLS)")
+	fs.StringVar(&b.cluster, "cluster", "", "a Redis Cluster: comma-separated host:port seed nodes, or a URL: redis://[user:password@]host:port?addr=host2:port2")
+	fs.StringVar(&b.sentinel, "sentinel", "", "Redis Sentinel: comma-separated host:port sentinels, or a URL: redis://host:port?addr=host2:port2[&master_name=NAME]")
 	fs.StringVar(&b.master, "master", "", "with --sentinel: the name the sentinels know the primary by")
 }
 
@@ -159,8 +188,10 @@ func (b *backend) addFlags(fs *flag.FlagSet) {
 // need one (an embedded Redis starts empty and dies with the command).
 func (b *backend) real() bool { return b.opts != nil || b.cOpts != nil || b.fOpts != nil }
 
-// check reads --redis and --cluster: a mistake there is a bad command line
-// (exit 2), found before anything is started or dialled.
+// check reads --redis, --cluster and --sentinel: a mistake there is a bad
+// command line (exit 2), found before anything is started or dialled. Each
+// takes host:port (a list, for the two that take several) or a URL, as
+// go-redis's ParseURL, ParseClusterURL and ParseFailoverURL read them.
 func (b *backend) check() error {
 	given := 0
 	for _, s := range []string{b.url, b.cluster, b.sentinel} {
@@ -171,20 +202,46 @@ func (b *backend) check() error {
 	switch {
 	case given > 1:
 		return errors.New("--redis, --cluster and --sentinel cannot be used together")
-	case (b.sentinel == "") != (b.master == ""):
-		return errors.New("--sentinel and --master go together")
+	case b.sentinel == "" && b.master != "":
+		return errors.New("--master goes with --sentinel")
+	case isURL(b.sentinel):
+		opts, err := redis.ParseFailoverURL(b.sentinel)
+		if err != nil {
+			return fmt.Errorf("--sentinel %q: %w", b.sentinel, err)
+		}
+		if b.master != "" {
+			opts.MasterName = b.master
+		}
+		if opts.MasterName == "" {
+			return errors.New("--sentinel needs the primary's name: --master NAME, or master_name=NAME in the URL")
+		}
+		b.master, b.fOpts = opts.MasterName, opts
 	case b.sentinel != "":
 		addrs, err := hostPorts("--sentinel", b.sentinel)
 		if err != nil {
 			return err
 		}
+		if b.master == "" {
+			return errors.New("--sentinel and --master go together")
+		}
 		b.fOpts = &redis.FailoverOptions{MasterName: b.master, SentinelAddrs: addrs}
-	case b.url != "":
+	case isURL(b.url):
 		opts, err := redis.ParseURL(b.url)
 		if err != nil {
 			return fmt.Errorf("--redis %q: %w", b.url, err)
 		}
 		b.opts = opts
+	case b.url != "":
+		if _, _, err := net.SplitHostPort(b.url); err != nil {
+			return fmt.Errorf("--redis %q: want host:port or redis://host:port: %w", b.url, err)
+		}
+		b.opts = &redis.Options{Addr: b.url}
+	case isURL(b.cluster):
+		opts, err := redis.ParseClusterURL(b.cluster)
+		if err != nil {
+			return fmt.Errorf("--cluster %q: %w", b.cluster, err)
+		}
+		b.cOpts = opts
 	case b.cluster != "":
 		addrs, err := hostPorts("--cluster", b.cluster)
 		if err != nil {
@@ -195,11 +252,15 @@ func (b *backend) check() error {
 	return nil
 }
 
+// isURL: a scheme, as in redis://, rediss:// (or a mistyped http://, which
+// ParseURL then refuses by name).
+func isURL(s string) bool { return strings.Contains(s, "://") }
+
 func hostPorts(flag, list string) ([]string, error) {
 	addrs := strings.Split(list, ",")
 	for _, addr := range addrs {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return nil, fmt.Errorf("%s %q: %w", flag, list, err)
+			return nil, fmt.Errorf("%s %q: want host:port or redis://host:port: %w", flag, list, err)
 		}
 	}
 	return addrs, nil
@@ -231,7 +292,7 @@ func (b *backend) open(ctx context.Context) error {
 // and says what run should return. A started backend needs close.
 func (b *backend) start(ctx context.Context, fs *flag.FlagSet) (int, bool) {
 	if err := b.check(); err != nil {
-		return usageError(fs, "%v", err), false
+		return invalid(fs, "%v", err), false
 	}
 	if err := b.open(ctx); err != nil {
 		fmt.Fprintf(fs.Output(), "redlimit %s: %s\n", fs.Name(), strings.TrimPrefix(err.Error(), "redlimit: "))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"image/png"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/redistest"
@@ -45,13 +47,19 @@ func TestCommandLine(t *testing.T) {
 		// parser, the command or the library finds the mistake.
 		{[]string{"demo", "--redis", "redis://x", "--cluster", "y:1"}, exitUsage, "cannot be used together"},
 		{[]string{"demo", "--redis", "http://x"}, exitUsage, `--redis "http://x": `},
-		{[]string{"demo", "--redis", "127.0.0.1:26379"}, exitUsage, `--redis "127.0.0.1:26379": `},
-		{[]string{"throttle", "--redis", "127.0.0.1:26379", "k", "4", "1", "1"}, exitUsage, `--redis "127.0.0.1:26379": `},
-		{[]string{"compare", "--redis", "127.0.0.1:26379"}, exitUsage, `--redis "127.0.0.1:26379": `},
+		// host:port is a Redis too (below); a host alone is not.
+		{[]string{"demo", "--redis", "127.0.0.1"}, exitUsage, `--redis "127.0.0.1": want host:port or redis://host:port`},
+		{[]string{"throttle", "--redis", "127.0.0.1", "k", "4", "1", "1"}, exitUsage, `--redis "127.0.0.1": `},
+		{[]string{"compare", "--redis", "127.0.0.1"}, exitUsage, `--redis "127.0.0.1": `},
+		{[]string{"demo", "--cluster", "redis://127.0.0.1:1?addr=x"}, exitUsage, `--cluster "redis://127.0.0.1:1?addr=x": `},
+		{[]string{"demo", "--sentinel", "redis://127.0.0.1:1"}, exitUsage, "--sentinel needs the primary's name"},
+		{[]string{"demo", "--master", "m"}, exitUsage, "--master goes with --sentinel"},
 		{[]string{"demo", "--cluster", "127.0.0.1"}, exitUsage, `--cluster "127.0.0.1": `},
 		// The command line is fine; Redis is not there (port 1 refuses on
 		// loopback).
 		{[]string{"throttle", "--redis", "redis://127.0.0.1:1", "k", "4", "1", "1"}, exitFail, "cannot reach"},
+		{[]string{"throttle", "--redis", "127.0.0.1:1", "k", "4", "1", "1"}, exitFail, "cannot reach Redis at 127.0.0.1:1"},
+		{[]string{"throttle", "--cluster", "redis://127.0.0.1:1?addr=127.0.0.1:2", "k", "4", "1", "1"}, exitFail, "cannot reach the Redis Cluster"},
 		{[]string{"throttle", "-h"}, exitOK, "CL.THROTTLE"},
 		{[]string{"throttle", "k", "4", "1"}, exitUsage, "want 4 or 5 arguments, got 3"},
 		{[]string{"throttle", "k", "four", "1", "1"}, exitUsage, `MAX_BURST "four" is not an integer`},
@@ -338,4 +346,53 @@ func TestDemoCheckFails(t *testing.T) {
 			t.Errorf("no failure reported:\n%s", out.String())
 		}
 	})
+}
+
+// TestErrorsAreShort: a refused value is one line; a malformed command line
+// adds the synopsis and where the flags are, never the whole usage (which
+// buried the one line that mattered).
+func TestErrorsAreShort(t *testing.T) {
+	m := miniredis.RunT(t)
+	tests := []struct {
+		args   []string
+		stderr string
+	}{
+		{[]string{"demo", "-instances", "0"}, "redlimit demo: -instances 0: want 1 to 64\n"},
+		{[]string{"set", "--redis", m.Addr(), "api", "--rate", "1", "--per", "1s", "--algorithm", "leaky"},
+			"redlimit set: unknown algorithm \"leaky\": want one of fixed_window, sliding_window, tokenbucket, funnel\n"},
+		{[]string{"set", "--redis", m.Addr(), "api", "--rate", "1"},
+			"redlimit set: --per is required with --rate\nUsage: redlimit set NAME --rate N --per DURATION [flags]\nRun 'redlimit set -h' for its flags.\n"},
+		{[]string{"demo", "-nosuchflag"},
+			"flag provided but not defined: -nosuchflag\nUsage: redlimit demo [flags]\nRun 'redlimit demo -h' for its flags.\n"},
+		{[]string{"ls", "--redis", m.Addr(), "a", "b"},
+			"redlimit ls: want at most one PATTERN, got 2 arguments\nUsage: redlimit ls [flags] [PATTERN]\nRun 'redlimit ls -h' for its flags.\n"},
+	}
+	for _, tt := range tests {
+		code, stdout, stderr := runCommand(t, tt.args...)
+		if code != exitUsage || stdout != "" || stderr != tt.stderr {
+			t.Errorf("%v: exit %d, stdout %q\nstderr %q\nwant   %q", tt.args, code, stdout, stderr, tt.stderr)
+		}
+	}
+	if _, _, stderr := runCommand(t, "set", "-h"); !strings.Contains(stderr, "Flags:\n") || !strings.Contains(stderr, "-if-absent") {
+		t.Errorf("set -h: the whole usage, with every flag:\n%s", stderr)
+	}
+}
+
+// TestRedisLogsSilenced: an unreachable Redis is reported once, by the
+// command; go-redis's own logger printed four lines before it.
+func TestRedisLogsSilenced(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stderr
+	os.Stderr = w
+	logging.Enable() // go-redis's default logger, writing to os.Stderr as it is now
+	code, _, stderr := runCommand(t, "get", "--redis", "127.0.0.1:1", "api")
+	os.Stderr = saved
+	w.Close()
+	logged, _ := io.ReadAll(r)
+	if code != exitFail || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "cannot reach Redis at 127.0.0.1:1") || len(logged) != 0 {
+		t.Errorf("exit %d, the command's stderr %q; go-redis logged %q", code, stderr, logged)
+	}
 }

@@ -46,14 +46,14 @@ Flags go before the arguments.
 		quantity = integer("QUANTITY", fs.Arg(4))
 	}
 	if badArg != nil {
-		return usageError(fs, "%v", badArg)
+		return invalid(fs, "%v", badArg)
 	}
 	period, err := parsePeriod(fs.Arg(3))
 	if err != nil {
-		return usageError(fs, "PERIOD %q: %v", fs.Arg(3), err)
+		return invalid(fs, "PERIOD %q: %v", fs.Arg(3), err)
 	}
 	if *repeat < 1 {
-		return usageError(fs, "-r %d: want at least 1", *repeat)
+		return invalid(fs, "-r %d: want at least 1", *repeat)
 	}
 
 	if code, ok := be.start(ctx, fs); !ok {
@@ -69,7 +69,7 @@ Flags go before the arguments.
 			// The library owns the rules for MAX_BURST, COUNT, PERIOD and
 			// QUANTITY, and checks them before sending anything: its refusal
 			// is a bad command line, not a failed command.
-			return usageError(fs, "%v", err)
+			return invalid(fs, "%v", err)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "redlimit throttle: %s\n", strings.TrimPrefix(err.Error(), "redlimit: "))

@@ -1,6 +1,8 @@
 // Package redlimitotel records redlimit's decisions as OpenTelemetry metrics.
 // It is its own module, so that the library itself does not depend on
-// OpenTelemetry.
+// OpenTelemetry; its folder has its name, as go-redis's extra/redisotel
+// does: a package otel would clash with go.opentelemetry.io/otel in the
+// files that import both.
 //
 //	observe, err := redlimitotel.Observer(meterProvider)
 //	if err != nil { ... }
@@ -10,6 +12,7 @@ package redlimitotel
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -19,14 +22,14 @@ import (
 )
 
 // ScopeName is the instrumentation scope the instruments are created under.
-const ScopeName = "github.com/redlimit/redlimit/otel"
+const ScopeName = "github.com/redlimit/redlimit/redlimitotel"
 
 // The instruments and their attributes.
 const (
 	DecisionsName = "redlimit.decisions"         // counter, {decision}
 	DurationName  = "redlimit.decision.duration" // histogram, seconds: the round trip to Redis
 
-	LimiterKey   = attribute.Key("redlimit.limiter")   // the limiter's full name (see WithLimiterName)
+	LimiterKey   = attribute.Key("redlimit.limiter")   // the limiter's name without its key (see LimiterBase)
 	AlgorithmKey = attribute.Key("redlimit.algorithm") // tokenbucket, funnel, fixed_window, sliding_window
 	OutcomeKey   = attribute.Key("redlimit.outcome")   // allowed, denied or error
 )
@@ -43,20 +46,58 @@ type config struct {
 	limiterName func(string) string
 }
 
-// WithLimiterName maps a limiter's name to the value of the limiter
-// attribute; default the name itself. Every distinct value is a time series:
-// limiters made per user or per IP address (as with httplimit) must be mapped
-// to a few values, e.g. by cutting the key off the name.
+// WithLimiterName maps a limiter's full name (with the Client's prefix) to
+// the value of the limiter attribute; default LimiterBase. Every distinct
+// value is a time series: keep them few.
 func WithLimiterName(f func(name string) string) Option {
 	return func(c *config) { c.limiterName = f }
 }
 
+// WithFullLimiterName makes the limiter attribute the limiter's full name,
+// key and all: a time series per limiter, so per user or per IP address
+// with limiters made per client. For a few limiters of fixed names only.
+func WithFullLimiterName() Option {
+	return WithLimiterName(func(name string) string { return name })
+}
+
+// LimiterBase is the default limiter attribute: the full name cut at its
+// first ':' after the prefix, where a limiter made per client
+// (httplimit's and grpclimit's examples, "api:" + key) starts its key. With
+// a prefix the name is in a hash tag, which stays closed: "app:{api:203.0.113.9}"
+// and "app:{api:2001:db8::1}" are "app:{api}", "login:42" is "login",
+// "{api}:42" is "{api}", and a name without a ':' ("app:{login}") is itself. A limiter of Type PerClient
+// keeps its clients out of its name: it is one value already. Names whose
+// key is not after a ':' need WithLimiterName.
+func LimiterBase(name string) string {
+	open := strings.IndexByte(name, '{')
+	if open < 0 {
+		base, _, _ := strings.Cut(name, ":")
+		return base
+	}
+	closing := strings.IndexByte(name[open:], '}')
+	if closing < 0 {
+		return name // not a name the library makes
+	}
+	tag := name[open+1 : open+closing]
+	if cut := strings.IndexByte(tag, ':'); cut >= 0 {
+		return name[:open+1+cut] + "}"
+	}
+	// A tag of the caller's own ("{api}:" + key): the key follows it.
+	after := open + closing + 1
+	if cut := strings.IndexByte(name[after:], ':'); cut >= 0 {
+		return name[:after+cut]
+	}
+	return name
+}
+
 // Observer returns a function for redlimit.WithObserver that counts every
 // decision (DecisionsName) and records its latency (DurationName), both by
-// limiter, algorithm and outcome. A nil provider is the global one
-// (otel.GetMeterProvider).
+// limiter (LimiterBase of its name, unless WithLimiterName or
+// WithFullLimiterName), algorithm and outcome: a few time series however
+// many clients have a limiter of their own. A nil provider is the global
+// one (otel.GetMeterProvider).
 func Observer(provider metric.MeterProvider, opts ...Option) (func(redlimit.Decision), error) {
-	cfg := config{limiterName: func(name string) string { return name }}
+	cfg := config{limiterName: LimiterBase}
 	for _, opt := range opts {
 		opt(&cfg)
 	}

@@ -3,6 +3,7 @@ package redlimitotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -15,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/redlimit/redlimit"
-	redlimitotel "github.com/redlimit/redlimit/otel"
+	"github.com/redlimit/redlimit/redlimitotel"
 )
 
 // series names a time series by its attributes: limiter/algorithm/outcome.
@@ -133,5 +134,63 @@ func TestDurations(t *testing.T) {
 	}
 	if h.Count != 4 || h.Sum != 2.00075 {
 		t.Errorf("count %d sum %v, want 4 and 2.00075", h.Count, h.Sum)
+	}
+}
+
+// TestBoundedByDefault: the README's per-IP HTTP example (a limiter per
+// client IP, "api:" + ip) made a time series per client; by default it is
+// one per outcome, and WithFullLimiterName brings the series per client back.
+func TestBoundedByDefault(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	var ips []string
+	for i := range 200 {
+		ips = append(ips, fmt.Sprintf("203.0.%d.%d", i/100, i%100))
+	}
+	for i := range 50 {
+		ips = append(ips, fmt.Sprintf("2001:db8:%x::1", i))
+	}
+	for _, full := range []bool{false, true} {
+		reader := sdkmetric.NewManualReader()
+		var opts []redlimitotel.Option
+		if full {
+			opts = append(opts, redlimitotel.WithFullLimiterName())
+		}
+		observe, err := redlimitotel.Observer(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := redlimit.New(rdb, redlimit.WithObserver(observe), redlimit.WithPrefix(fmt.Sprintf("full-%v:", full)))
+		for _, ip := range ips {
+			for range 2 { // 1 per minute: one allowed, one denied
+				if _, err := client.FixedWindow("api:"+ip).WithDefault(redlimit.PerMinute(1)).Allow(ctx, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		counts, histograms := collect(t, reader)
+		if !full {
+			want := map[string]int64{"full-false:{api}/fixed_window/allowed": 250, "full-false:{api}/fixed_window/denied": 250}
+			if !maps.Equal(counts, want) || len(histograms) != 2 {
+				t.Errorf("decisions %v, %d histograms; want %v", counts, len(histograms), want)
+			}
+			continue
+		}
+		if len(counts) != 2*len(ips) || len(histograms) != 2*len(ips) || counts["full-true:{api:2001:db8:31::1}/fixed_window/denied"] != 1 {
+			t.Errorf("WithFullLimiterName: %d series of decisions, %d of durations; want %d", len(counts), len(histograms), 2*len(ips))
+		}
+	}
+}
+
+func TestLimiterBase(t *testing.T) {
+	for name, want := range map[string]string{
+		"app:{api:203.0.113.9}": "app:{api}", "app:{api:2001:db8::1}": "app:{api}", "app:{login}": "app:{login}",
+		"login:42": "login", "login": "login", "{api}:42": "{api}", "{g}:h:i": "{g}", "svc:{x}": "svc:{x}", "a{b": "a{b",
+	} {
+		if got := redlimitotel.LimiterBase(name); got != want {
+			t.Errorf("LimiterBase(%q) = %q, want %q", name, got, want)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-module github.com/redlimit/redlimit/otel
+module github.com/redlimit/redlimit/redlimitotel
 
 go 1.26.8
 
