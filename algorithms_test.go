@@ -119,7 +119,9 @@ var (
 		counting: countingWindow,
 		overallState: overallState{
 			grantedTwice: 10,
-			stateKeys:    func(name string) []string { return []string{keyOf(name, "permits"), keyOf(name, "value")} },
+			// With a default, the marker in name tells the other algorithms
+			// that the name holds a token bucket (scripts/common.lua).
+			stateKeys: func(name string) []string { return []string{name, keyOf(name, "permits"), keyOf(name, "value")} },
 			setState: func(rdb redis.UniversalClient, l *Limiter, value string) {
 				rdb.Del(context.Background(), l.keys[1])
 				rdb.Set(context.Background(), l.keys[1], value, 0)

@@ -487,6 +487,9 @@ func unjustified(a algo, cfg Config, grants, denials []placed) []string {
 	}
 	// A window algorithm denies only when the n cells ending with the
 	// current one hold rate grants.
+	if a.name == tokenBucketAlgo.name {
+		grants = coalesced(cfg, grants)
+	}
 	width, n := a.cells(cfg)
 	los, his := make([]int64, len(grants)), make([]int64, len(grants))
 	for i, g := range grants {
@@ -506,6 +509,25 @@ func unjustified(a algo, cfg Config, grants, denials []placed) []string {
 		}
 		if !justified && len(out) < 5 {
 			out = append(out, fmt.Sprintf("denied at %d with %d grants in its window of %d×%dµs", d.lo, mayHold(floorDiv(d.lo, width)), n, width))
+		}
+	}
+	return out
+}
+
+// coalesced gives each token-bucket grant the latest time at which a grant
+// sharing its record may have been made: grants of one slice of Interval /
+// 64 (whole ms, rounded up) share one, which leaves the window with the
+// latest of them (scripts/tokenbucket.lua). Placed favourably: any grant
+// whose bracket meets the slice may share it.
+func coalesced(cfg Config, grants []placed) []placed {
+	q := ceilDiv(cfg.Interval.Milliseconds(), 64) * 1000
+	out := slices.Clone(grants)
+	for i, g := range grants {
+		first, last := floorDiv(g.lo, q)*q, (floorDiv(g.hi, q)+1)*q-1
+		for _, h := range grants {
+			if h.lo <= last && h.hi >= first {
+				out[i].hi = max(out[i].hi, min(h.hi, last))
+			}
 		}
 	}
 	return out
@@ -754,6 +776,11 @@ func TestExactnessChecksCatchBreaches(t *testing.T) {
 	assert.Empty(t, unjustified(tokenBucketAlgo, cfg, at(repeat(3, 0)...), at(99*ms+999)))
 	assert.NotEmpty(t, unjustified(tokenBucketAlgo, cfg, at(repeat(3, 0)...), at(100*ms)))
 	assert.NotEmpty(t, unjustified(tokenBucketAlgo, cfg, at(repeat(2, 0)...), at(0)))
+	// Token-bucket grants of one slice (2ms here) share a record, which
+	// leaves with the latest of them: until then a denial is justified.
+	assert.Empty(t, unjustified(tokenBucketAlgo, cfg, at(0, 0, 1*ms), at(100*ms+999)))
+	assert.NotEmpty(t, unjustified(tokenBucketAlgo, cfg, at(0, 0, 1*ms), at(101*ms)))
+	assert.NotEmpty(t, unjustified(tokenBucketAlgo, cfg, at(0, 0, 2*ms), at(100*ms)), "2ms is the next slice")
 	assert.Empty(t, unjustified(fixedWindowAlgo, cfg, at(repeat(3, 0)...), at(99*ms)))
 	assert.NotEmpty(t, unjustified(fixedWindowAlgo, cfg, at(repeat(3, 0)...), at(100*ms)))
 	assert.Empty(t, unjustified(slidingWindowAlgo, sw, at(repeat(3, 0)...), at(99*ms)))

@@ -209,10 +209,25 @@ func (c Config) validateRate() error {
 	case d.Rate > intervalUS:
 		// The funnel's emission interval (Interval / Rate) must be at least 1µs.
 		return bad("rate %d per %v is finer than one permit per microsecond", d.Rate, d.Interval)
-	case d.Burst > maxTolerance/(intervalUS/d.Rate):
+	case d.Burst > maxTolerance/((intervalUS+d.Rate-1)/d.Rate): // the emission interval rounded up: the funnel's is exact
 		return bad("burst %d at %d per %v is too large", d.Burst, d.Rate, d.Interval)
 	case int64(d.Buckets) > d.Interval.Milliseconds():
 		return bad("%d buckets do not fit in %v at millisecond resolution", d.Buckets, d.Interval)
+	}
+	return nil
+}
+
+// maxLogRate bounds a token bucket's own Rate: the log it keeps in Redisson's
+// layout holds each record's permits as a 4-byte unsigned integer, and one
+// record may hold up to Rate of them (scripts/tokenbucket.lua).
+const maxLogRate = 1<<32 - 1
+
+// validateLog reports why c cannot be a token bucket's config. Its further
+// rates (And) keep decimal counts, so they may be larger.
+func (c Config) validateLog() error {
+	if c.Rate > maxLogRate {
+		return invalid("rate %d is above %d: a token bucket keeps Redisson's log, which counts a record's permits in 4 bytes",
+			c.Rate, int64(maxLogRate))
 	}
 	return nil
 }

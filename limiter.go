@@ -53,6 +53,11 @@ func (l *Limiter) Validate(cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
+	if l.alg.records {
+		if err := cfg.validateLog(); err != nil {
+			return err
+		}
+	}
 	for _, r := range cfg.rates() {
 		if r.Burst != 0 && !l.alg.burst {
 			return fmt.Errorf("%w: burst %d: only a funnel has a burst", ErrInvalidConfig, r.Burst)

@@ -12,7 +12,7 @@
 local function stored_config(f)
   local key = KEYS[1]
   local cfg = {
-    rate = integer(key, 'rate', f[1], 1, MAX),
+    rate = integer(key, 'rate', f[1], 1, RECORDS and 4294967295 or MAX), -- the token bucket's: see config.go
     interval = integer(key, 'interval', f[2], 1, MAX),
     type = integer(key, 'type', f[3], 0, 1) or 0,
     burst = integer(key, 'burst', f[4], 0, MAX) or 0,
@@ -97,9 +97,34 @@ local function keep_usage(key, old, new)
   end
 end
 
--- flat says whether KEYS[1] holds a flat state (common.lua): no config.
+-- owner names the algorithm that wrote value, a string in KEYS[1]: a
+-- marker is its name, a flat state has its algorithm's shape (see FOREIGN
+-- in common.lua); nil for anything else.
+local function owner(value)
+  if value == 'tokenbucket' or value == 'funnel' or value == 'fixed_window' or value == 'sliding_window' then
+    return value
+  end
+  return string.find(value, '^[%d,;]+$') and 'funnel' or string.find(value, '^[%d ;]+$') and 'fixed_window'
+      or string.find(value, '^[%d:,;]+$') and 'sliding_window' or nil
+end
+
+-- mismatch fails for a limiter whose state another algorithm wrote.
+-- flat reads KEYS[1] when it is a string, which means no config is stored:
+-- a flat state (common.lua), or '' for this algorithm's marker; nil when
+-- KEYS[1] is no string. Another algorithm's fails, as does one no
+-- algorithm wrote.
 local function flat()
-  return IN_CONFIG and redis.call('TYPE', KEYS[1]).ok == 'string'
+  if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+    return nil
+  end
+  local value = redis.call('GET', KEYS[1])
+  local other = owner(value)
+  if not other then
+    fail('corrupt ' .. KEYS[1] .. ': ' .. string.format('%q', value))
+  elseif other ~= ALGORITHM then
+    fail('algorithm ' .. KEYS[1] .. ' holds a ' .. other .. ' state, not ' .. ALGORITHM)
+  end
+  return value == ALGORITHM and '' or value
 end
 
 -- flat_fields reads a flat state as the hash fields it encodes, field and
@@ -108,10 +133,12 @@ end
 -- digits (the sliding window's also ':' and ','), as the algorithm's encode
 -- writes it; anything else is corrupt.
 local function flat_fields()
-  if not flat() then
+  local value, fields, rates = flat(), {}, 0
+  if not value then
     return nil
+  elseif value == '' then
+    return fields -- a marker
   end
-  local value, fields, rates = redis.call('GET', KEYS[1]), {}, 0
   local ok = not string.find(value, '[^%d:, ;]')
   for part in string.gmatch(value .. ';', '([^;]*);') do
     rates = rates + 1
@@ -128,14 +155,34 @@ local function flat_fields()
   return fields
 end
 
--- read_config reads the limiter's config: the stored one (nil when there is
--- none) and the fields as HMGET read them.
-local function read_config()
+-- owned reads the limiter's hash (HMGET: the config fields, the algorithm,
+-- more, then the state fields of each algorithm's Overall state), or nil
+-- for a flat state or marker (see flat). Another algorithm's config or state
+-- fails, as scripts/common.lua refuses it: the ops that change a limiter
+-- change only their own algorithm's.
+local function owned()
   if flat() then
-    return nil, {}
+    return nil
   end
   local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm', 'more')
+    'algorithm', 'more', 'tat', 'window', 'counts')
+  local config = f[1] or f[2] or f[7]
+  -- State fields without a config: Throttle's funnel writes them.
+  local other = config and (f[7] or 'tokenbucket') or f[9] and 'funnel' or f[10] and 'fixed_window'
+      or f[11] and 'sliding_window'
+  if other and other ~= ALGORITHM then
+    fail('algorithm ' .. KEYS[1] .. ' holds a ' .. other .. (config and ' config' or ' state') .. ', not ' .. ALGORITHM)
+  end
+  return f
+end
+
+-- read_config reads the limiter's config: the stored one (nil when there is
+-- none) and the fields as owned read them.
+local function read_config()
+  local f = owned()
+  if not f then
+    return nil, {}
+  end
   if not f[1] and not f[2] and not f[7] then
     return nil, f
   end
@@ -299,6 +346,7 @@ if #missing > 0 then
   return { 'missing', missing }
 end
 if op == 'reset' then
+  owned()
   delete_state()
   return 1
 end
@@ -306,6 +354,7 @@ if op == 'delete' then
   return math.min(1, redis.call('DEL', KEYS[1], KEYS[REGISTRY], KEYS[REQUESTS], unpack(separate_state_keys())))
 end
 if op == 'expire' then
+  owned()
   local keys = separate_state_keys()
   table.insert(keys, 1, KEYS[1])
   table.insert(keys, 2, KEYS[REGISTRY])

@@ -20,7 +20,10 @@
 --          algorithm for ours) and, when IN_CONFIG, the Overall state too;
 --          or, when IN_CONFIG and no config is stored, a flat state: the
 --          Overall state as a string, each rate's as its encode writes it,
---          ';' between them, with its expiry
+--          ';' between them, with its expiry; or, while no config is
+--          stored and the state is elsewhere (the token bucket's, any
+--          PerClient state), a marker: the algorithm's name, expiring with
+--          that state (see FOREIGN and the decision)
 -- KEYS[2 ..]  the Overall state keys, N of them (none when IN_CONFIG)
 -- KEYS[REGISTRY]  client registry: zset of PerClient ids, score = last grant in ms
 -- KEYS[REQUESTS]  request log: zset of recent request ids, score = when forgotten in ms
@@ -117,13 +120,23 @@ local REQUESTS = REGISTRY + 1
 local rate, interval, kind, burst, buckets, keepalive, stored
 -- K: the suffix of a rate's state fields, '' for the config's own rate.
 local K = ''
+-- A string in KEYS[1] is a flat state or a marker (see the decision), and
+-- tells the algorithm that wrote it: a marker is the algorithm's name, and
+-- each flat state has its own shape (its encode section), so no tag is
+-- needed and state written before markers existed reads as it did: a
+-- funnel's holds digits and ',' only, a fixed window's a space, a sliding
+-- window's a ':' (';' between rates). FOREIGN matches every string this
+-- algorithm did not write and, besides its marker, none it did; the token
+-- bucket writes only its marker. admin.lua's attribution names the writer.
+local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_window' and '^[^ ]*$'
+    or ALGORITHM == 'sliding_window' and '^[^:]*$' or ''
 
 -- A client re-sends a script whose reply it did not read (go-redis does on a
 -- read timeout). Counting it twice only denies sooner, so by default nothing
 -- guards against it. With WithRetryWindow (LOG), the request log remembers
 -- each request id for the window: first_run both checks and records the id,
 -- and is false for a re-run, whose grant is counted already. (The token
--- bucket needs no log for its grants: its records hold the id.)
+-- bucket's records hold the id of their latest grant too: see its file.)
 local first_run = LOG and function()
   local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[6], ARGV[5])
   if type(added) == 'table' then
@@ -155,26 +168,44 @@ if op == 'allow' or op == 'release' then
   -- (BURST) or buckets (BUCKETS), then the state's fields, or nil; flat:
   -- the flat state, or nil; none: KEYS[1] does not exist.
   local d, _, _, a = string.byte(ARGV[4], 1, 4)
-  local f, flat, none = nil, nil, false
-  if a == 97 and IN_CONFIG then
+  local f, flat, none, marked = nil, nil, false, false
+  if a == 97 then
     local got = redis.pcall('GET', KEYS[1])
     if not got then none = true elseif not got.err then flat = got end
-  elseif a == 97 then
-    none = redis.call('EXISTS', KEYS[1]) == 0 -- the hash's config only
   end
   if not flat and not none then
     f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
       --[[@own_config]]--[[@fields]])
     if not f.err then
       stored = f[1] or f[2] or f[5]
-    elseif IN_CONFIG and redis.call('TYPE', KEYS[1]).ok == 'string' then
+    elseif redis.call('TYPE', KEYS[1]).ok == 'string' then
       flat, f = redis.call('GET', KEYS[1]), nil
     else
       error('REDLIMIT corrupt ' .. KEYS[1] .. ': ' .. f.err, 0)
     end
   end
-  local ok, more = not stored and ARGV[4] ~= '', nil
+  -- One algorithm's state is never counted by another: a string another
+  -- wrote (see FOREIGN) goes to admin.lua, which names it. This
+  -- algorithm's marker says only that its state is elsewhere: none here.
+  local foreign = false
+  if flat and string.find(flat, FOREIGN) then
+    if flat == ALGORITHM then flat, none, marked = nil, true, true else foreign = true end
+  end
+  local ok, more = not stored and ARGV[4] ~= '' and not foreign, nil
   local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
+  -- A default that found a hash with neither config nor state of its own
+  -- (its first rate's): a defer sees whether KEYS[1] is there at all, and if
+  -- not, writes the state flat, and the short reply sends the handle back
+  -- to default; else a hash of another algorithm's fields (as Throttle
+  -- leaves a funnel's) goes to admin.lua too. Not on the usual paths.
+  if f and not stored and d == 100 and not (IN_CONFIG and (f[S] or f[S + 1])) then
+    if IN_CONFIG and a == 101 and redis.call('EXISTS', KEYS[1]) == 0 then
+      f, none = nil, true
+    else
+      local g = redis.call('HMGET', KEYS[1], 'tat', 'window', 'counts')
+      ok = ok and not (g[1] or g[2] or g[3]) -- this algorithm's own are empty
+    end
+  end
   if stored then
     -- The same checks as admin.lua's stored_config, which names the culprit.
     rate, interval, kind, keepalive = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0)
@@ -182,7 +213,7 @@ if op == 'allow' or op == 'release' then
     if BURST then burst = tonumber(f[7] or 0) elseif BUCKETS then buckets = tonumber(f[7] or 0) end
     ok = rate and interval and kind and burst and buckets and keepalive
         and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
-        and rate >= 1 and rate <= MAX and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
+        and rate >= 1 and rate <= (RECORDS and 4294967295 or MAX) and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
         and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= 1000 and keepalive >= 0 and keepalive <= MAX
         and (buckets == 0 and 10 or buckets) <= interval and rate <= interval * 1000
         and (f[5] or 'tokenbucket') == ALGORITHM
@@ -250,13 +281,6 @@ if op == 'allow' or op == 'release' then
       if flat ~= '' then
         --[[@decode]]
       end
-    end
-    -- A defer that found neither config nor state sees whether KEYS[1] is
-    -- there at all: if not, the state is written flat, and the short reply
-    -- sends the handle back to default.
-    if IN_CONFIG and f and not stored and not s1 and not s2 and kind == 0 and d == 100 and a == 101
-        and redis.call('EXISTS', KEYS[1]) == 0 then
-      f = nil
     end
     -- The state is written flat when it can be: see above.
     local flat_write = IN_CONFIG and not f and kind == 0
@@ -332,7 +356,7 @@ if op == 'allow' or op == 'release' then
       -- Zero permits is a peek: it writes nothing.
       if wait <= 0 then
         allowed = 1
-        if permits > 0 and (RECORDS or not LOG or first_run()) then
+        if permits > 0 and (not LOG or first_run()) then
           counted = true
           --[[@commit]]
           wrote = counted
@@ -430,6 +454,19 @@ if op == 'allow' or op == 'release' then
       if cap and cap > 0 and cap < ms then ms = cap end
       redis.call('PEXPIRE', where, string.format('%d', ms))
     end
+    -- The token bucket on a default keeps its state in keys the others never
+    -- read: its marker in KEYS[1] (its name, as a string) shows them it is
+    -- there, with the GET they do anyway, and expires with the state. It is
+    -- written when a step wrote the state (a grant: one command) or finds
+    -- it missing (state from before markers), and goes when the state does.
+    -- none: no config, and KEYS[1] empty or holding the marker.
+    if none and not IN_CONFIG and kind == 0 and (wrote or not marked) then
+      if reset > 0 then
+        redis.call('SET', KEYS[1], ALGORITHM, 'PX', string.format('%d', ms))
+      elseif marked then
+        redis.call('DEL', KEYS[1])
+      end
+    end
     if counted and kind == 1 then
       -- The registry lets Delete, Reset and Expire reach every client's
       -- keys. It lives as long as any client's state can: one interval, or
@@ -446,6 +483,13 @@ if op == 'allow' or op == 'release' then
       local ms = life + (-life) % 1
       if cap and cap > 0 and cap < ms then ms = cap end
       redis.call('PEXPIRE', KEYS[REGISTRY], ms)
+      -- PerClient state is in keys of each algorithm's own (and the
+      -- registry, which all share): on a default, a marker in KEYS[1] as the
+      -- token bucket's, but for as long as the registry lives. A flat state
+      -- of this algorithm's there (an Overall default's) names it already.
+      if none then
+        redis.call('SET', KEYS[1], ALGORITHM, 'PX', ms)
+      end
     end
     if stored and keepalive > 0 and permits > 0 then
       -- Every acquire keeps the config alive, granted or denied: a saturated

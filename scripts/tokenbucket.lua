@@ -2,30 +2,48 @@
 -- Redisson and Go services on redlimit can share one limiter.
 -- State keys: value, a string caching rate − Σ(permits in the log) (negative
 -- after a rate decrease, until grants age out); permits, the log: a zset with
--- score = grant time in ms and member = 0x10, the 16-byte request id, the
--- count as uint32 LE. A record at score s is out of the window once
--- s <= now − interval. The record also tells a re-sent request: its member
--- is in the log already; grants, the log of a config's further rates (see
--- more_load). Sections: see common.lua; the state is in load's locals, and
--- report writes it, once.
+-- score = grant time in ms and member = 0x10, a 16-byte request id, the
+-- count as uint32 LE (so a rate is below 2^32: config.go). A record at score
+-- s is out of the window once s <= now − interval. grants, the log of a
+-- config's further rates (see more_load). Sections: see common.lua; the
+-- state is in load's locals, and report writes it, once.
+--
+-- The bound: grants that fall in one slice of the interval (interval / 64
+-- rounded up, at least 1 ms; slices aligned to the epoch) share one record,
+-- whose score moves to its latest grant and whose id is that grant's. Every
+-- write drops the records out of the window, so a log holds at most 65
+-- records (slices + 1), and every call reads or changes O(65) of them, however
+-- many grants the window holds. A record frees its permits with its latest
+-- grant: the limiter can only under-admit, by at most one slice's permits for
+-- at most one slice. Redisson's Java clients write a record per grant; such
+-- a log is read exactly, at a cost in proportion to its records (as Java's
+-- own calls pay), and our grants coalesce into its newest record of the slice.
+-- A re-sent script (go-redis re-sends after a read timeout) finds its id on
+-- the newest record up to its slice, unless another grant came between: it
+-- then counts twice, which only denies sooner; WithRetryWindow's request log
+-- (common.lua's first_run) makes it exact.
 
 --[[@helpers]]
 -- Each function created costs a call about as much as a small Redis
 -- command, and each of the script's locals it uses as much again: these use
 -- none, only what they are given, and a grant calls three.
 
+-- count is the permits of a record of log.
+local function count(log, member)
+  local n = #member
+  if n < 5 then
+    error('REDLIMIT corrupt ' .. log .. ': member of ' .. n .. ' bytes', 0)
+  end
+  local b1, b2, b3, b4 = string.byte(member, n - 3, n)
+  return b1 + b2 * 256 + b3 * 65536 + b4 * 16777216
+end
+
 -- sum adds up the permits of records first, first + step, … of log until
 -- they reach need (none: all of them), and says which record reached it.
 local function sum(log, records, step, need)
   local total = 0
   for i = 1, #records, step do
-    local member = records[i]
-    local n = #member
-    if n < 5 then
-      error('REDLIMIT corrupt ' .. log .. ': member of ' .. n .. ' bytes', 0)
-    end
-    local b1, b2, b3, b4 = string.byte(member, n - 3, n)
-    total = total + b1 + b2 * 256 + b3 * 65536 + b4 * 16777216
+    total = total + count(log, records[i])
     if need and total >= need then
       return total, i
     end
@@ -33,11 +51,29 @@ local function sum(log, records, step, need)
   return total, nil
 end
 
--- record is the log's member for a grant of permits by this request.
-local function record(permits)
+-- record is the log's member for a grant of permits by this request, or,
+-- given head (0x10 and an id), for that id.
+local function record(permits, head)
   local p = permits
-  return '\16' .. ARGV[5] .. string.char(p % 256, (p - p % 256) / 256 % 256, (p - p % 65536) / 65536 % 256,
-    (p - p % 16777216) / 16777216 % 256)
+  return (head or '\16' .. ARGV[5]) .. string.char(p % 256, (p - p % 256) / 256 % 256,
+    (p - p % 65536) / 65536 % 256, (p - p % 16777216) / 16777216 % 256)
+end
+
+-- slice finds the record a grant at now (ms) coalesces into: the newest at
+-- or before the end of now's slice of interval, its score, and the slice's
+-- start; the record is in the slice when its score is at or after the start.
+local function slice(log, now, interval)
+  local q = (interval + 63 - (interval + 63) % 64) / 64
+  local start = now - now % q
+  local newest = redis.call('ZREVRANGEBYSCORE', log, string.format('%d', start + q - 1), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  return newest[1], newest[2] and tonumber(newest[2]), start
+end
+
+-- sent says whether this request's grant is the newest record up to now's
+-- slice: a re-sent script, whose first run was granted (see the top).
+local function sent(log, now, interval)
+  local member = slice(log, now, interval)
+  return member ~= nil and string.sub(member, 2, 17) == ARGV[5]
 end
 
 -- ttl is a state key's TTL for reset µs, in whole ms rounded up. When capped
@@ -64,21 +100,15 @@ local function store(value_key, log, value, ms)
   redis.call('PEXPIRE', log, ms)
 end
 
--- running reads a record of the grants log (see more_load): the running
--- total of permits after it, and its own permits.
-local function running(grants, member)
-  local total, permits = string.match(member, '^(%d+):(%d+)$')
+-- running reads a record of the grants log (see more_load) whose member
+-- ends in tag: the running total of permits after it, and its own permits.
+local function running(grants, member, tag)
+  local total, permits = string.match(member, '^(%d+):(%d+)' .. tag .. '$')
   if not total then
     error('REDLIMIT corrupt ' .. grants .. ': member ' .. string.format('%q', member), 0)
   end
   return tonumber(total), tonumber(permits) -- not + 0: gopher-lua (miniredis) reads 010 as octal
 end
-
--- newest_total and newest_last: the grants log's newest record, its running
--- total and its time in ms (0 and 0 for an empty log), read by the first
--- further rate and shared by the others and by their steps after the
--- decision.
-local newest_total, newest_last
 
 --[[@fields]]
 --[[@capacity]]
@@ -136,11 +166,31 @@ if permits > available then
 end
 dirty = changed and permits > 0
 --[[@commit]]
--- ZADD NX also tells a re-sent request: its record (same id, same member) is
--- in the log already.
-counted = redis.call('ZADD', log, 'NX', string.format('%d', NOW_MS), record(permits)) == 1
-if counted then
-  available, changed, granted = available - permits, true, interval * 1000 - NOW_US % 1000
+-- The grant joins its slice's record (see the top), which takes its time
+-- and id: a record whose id is this request's is its own first run's. Its
+-- member is written before the old one goes, with NX: a member there
+-- already is this request's too (alone in an older record).
+local member, score, start = slice(log, NOW_MS, interval)
+if member and string.sub(member, 2, 17) == ARGV[5] then
+  counted = false
+else
+  local n, at, merge = permits, NOW_MS, member and score >= start
+  if merge then
+    n = n + count(log, member)
+    merge = n <= 4294967295 -- the record's count fits its 4 bytes: else a record of its own
+    if not merge then
+      n = permits
+    elseif score > at then
+      at = score -- a grant stamped later, by a client whose clock is ahead
+    end
+  end
+  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), record(n)) == 1
+  if counted then
+    if merge then
+      redis.call('ZREM', log, member)
+    end
+    available, changed, granted = available - permits, true, (at + interval) * 1000 - NOW_US
+  end
 end
 dirty = changed or aged
 --[[@write]]
@@ -149,7 +199,7 @@ dirty = changed or aged
 -- Never flat: Redisson's layout is a hash.
 --[[@decode]]
 --[[@resent]]
-redis.call('ZSCORE', log, record(permits)) ~= false
+sent(log, NOW_MS, interval)
 --[[@report]]
 -- The bucket is full again when its newest record ages out. The state any
 -- step left is written here, with both keys expiring then.
@@ -167,83 +217,102 @@ if dirty then
 end
 --[[@release]]
 -- Permits come off the newest records, so that the log and the value stay
--- in agreement.
+-- in agreement; a record partly given back keeps its time and id. Records
+-- are read 64 at a time: a log of ours holds fewer (see the top).
 if aged then
   redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
   aged = false
 end
 local left = permits
 while left > 0 do
-  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-  if #newest == 0 then
+  local records = redis.call('ZREVRANGE', log, 0, 63, 'WITHSCORES')
+  if #records == 0 then
     break
   end
-  local count = sum(log, newest, 2)
-  redis.call('ZREM', log, newest[1])
-  if count > left then
-    redis.call('ZADD', log, newest[2], record(count - left))
-    count = left
+  local gone = {}
+  for i = 1, #records, 2 do
+    local member = records[i]
+    local n = count(log, member)
+    gone[#gone + 1] = member
+    if n > left then
+      redis.call('ZADD', log, records[i + 1], record(n - left, string.sub(member, 1, #member - 4)))
+      n = left
+    end
+    left = left - n
+    if left == 0 then
+      break
+    end
   end
-  left = left - count
+  redis.call('ZREM', log, unpack(gone))
 end
 available, back, dirty = available + permits - left, permits - left, true
 --[[@more_load]]
 -- A further rate cannot share Redisson's log: a Java client prunes it to the
--- first rate's interval. It reads the grants log instead, a zset of every
--- grant while the config has several rates: score the grant's time in ms,
--- member the running total of permits after it and its own permits,
--- '%016d:%d' (zero-padded, so that members of one ms sort by the total). A
--- rate's usage is the newest total less the total before its oldest grant
--- in the window: two lookups, however many grants the window holds.
--- The rate's steps after the decision load it again: the usage found
--- before is kept in s1. since: the window's start, for ZRANGEBYSCORE.
-local grants, since = KEYS[4 + kind * (REQUESTS - 1)], not s1 and string.format('(%d', NOW_MS - interval)
-if not newest_total then
-  local newest = redis.pcall('ZRANGE', grants, -1, -1, 'WITHSCORES')
+-- first rate's interval. It keeps records of its own in the grants log,
+-- each rate in a range of scores of its own: rate k's are its grants' times
+-- in ms plus (k − 2) × 2^45 (2^45 ms is 1,115 years; every score stays below
+-- 2^53). A member is the running total of the rate's permits after the
+-- record and the record's own permits, '%016d:%d', then ':k' for k > 2, so
+-- that no two rates' members are equal. Its grants coalesce by slices of its
+-- interval, as the first rate's do (see the top): at most 65 records each.
+-- A rate's usage is its newest total less the total before its oldest
+-- record in the window: two lookups. The steps after the decision load it
+-- again from s1 (the usage) and s2 (the newest record's total, time in ms
+-- and member). base, top: the rate's range of scores; since: the window's
+-- start, for ZRANGEBYSCORE.
+local grants, base, tag = KEYS[4 + kind * (REQUESTS - 1)], (K - 2) * 35184372088832, K == '2' and '' or ':' .. K
+local top = '(' .. string.format('%d', base + 35184372088832)
+local since = '(' .. string.format('%d', base + NOW_MS - interval)
+if not s1 then
+  local newest = redis.pcall('ZREVRANGEBYSCORE', grants, top, string.format('%d', base), 'WITHSCORES', 'LIMIT', 0, 1)
   if newest.err then
     error('REDLIMIT corrupt ' .. grants .. ': ' .. newest.err, 0)
   end
-  newest_total, newest_last = 0, 0
+  s1, s2 = 0, { 0, 0, nil }
   if #newest > 0 then
-    newest_total, newest_last = running(grants, newest[1]), tonumber(newest[2])
+    s2 = { running(grants, newest[1], tag), tonumber(newest[2]) - base, newest[1] }
+    local oldest = redis.call('ZRANGEBYSCORE', grants, since, top, 'LIMIT', 0, 1)
+    if #oldest > 0 then
+      local after, n = running(grants, oldest[1], tag)
+      s1 = s2[1] - (after - n)
+    end
   end
 end
-local total, last, used = newest_total, newest_last, s1 or 0
-if not s1 and total > 0 then
-  local oldest = redis.call('ZRANGEBYSCORE', grants, since, '+inf', 'LIMIT', 0, 1)
-  if #oldest > 0 then
-    local after, n = running(grants, oldest[1])
-    used = total - (after - n)
-  end
-end
-s1 = used
+local used, total, last = s1, s2[1], s2[2]
 --[[@more_wait]]
--- Enough of the oldest grants in the window must leave it: records of one
+-- Enough of the oldest records in the window must leave it: records of one
 -- permit or more, so need records at most.
 local need = used + permits - rate
 if need > 0 then
   wait = interval * 1000 -- not reached: permits <= rate, so the window holds enough to free
-  local base = total - used
-  local records = redis.call('ZRANGEBYSCORE', grants, since, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
+  local base_total = total - used
+  local records = redis.call('ZRANGEBYSCORE', grants, since, top, 'WITHSCORES', 'LIMIT', 0, need)
   for i = 1, #records, 2 do
-    if running(grants, records[i]) - base >= need then
-      wait = (tonumber(records[i + 1]) + interval) * 1000 - NOW_US
+    if running(grants, records[i], tag) - base_total >= need then
+      wait = (tonumber(records[i + 1]) - base + interval) * 1000 - NOW_US
       break
     end
   end
 end
 --[[@more_commit]]
--- One record serves every further rate: the first of them writes it. Its
--- time never goes back, so that the totals grow with the scores. Records
--- older than every interval go every 64 permits, not on every grant: a
--- command saved per grant, at most 64 stale records kept.
+-- The grant joins its slice's record, whose time never goes back, so that
+-- the totals grow with the scores. A new record first drops the rate's
+-- records out of its window: between two new records nothing is added, so
+-- the rate never holds more than 65.
 used = used + permits
+local q = (interval + 63 - (interval + 63) % 64) / 64
+local member, n = s2[3], permits
+if member and last >= NOW_MS - NOW_MS % q then
+  local _, had = running(grants, member, tag)
+  n = n + had
+  redis.call('ZREM', grants, member)
+else
+  redis.call('ZREMRANGEBYSCORE', grants, string.format('%d', base), string.format('%d', base + NOW_MS - interval))
+end
 if last < NOW_MS then last = NOW_MS end
+total = total + permits
+redis.call('ZADD', grants, string.format('%d', base + last), string.format('%016d:%d', total, n) .. tag)
 if K == '2' then
-  redis.call('ZADD', grants, string.format('%d', last), string.format('%016d:%d', total + permits, permits))
-  if (total - total % 64) ~= (total + permits) - (total + permits) % 64 then
-    redis.call('ZREMRANGEBYSCORE', grants, '-inf', NOW_MS - longest)
-  end
   redis.call('PEXPIRE', grants, ttl((last + longest) * 1000 - NOW_US, stored and keepalive == 0))
 end
 --[[@more_report]]
@@ -252,29 +321,34 @@ if used > 0 then
   reset = (last + interval) * 1000 - NOW_US
 end
 --[[@more_release]]
--- Permits come off the newest grants, as the first rate's do; the newest
--- left then says when each rate is full again.
+-- Permits come off the rate's newest records in its window, as the first
+-- rate's do; the newest left then says when the rate is full again.
 back = math.min(permits, used)
 used = used - back
-if K == '2' then
-  local left = permits
-  while left > 0 do
-    local record = redis.call('ZRANGE', grants, -1, -1, 'WITHSCORES')
-    if #record == 0 then
-      break
-    end
-    local after, n = running(grants, record[1])
-    redis.call('ZREM', grants, record[1])
+local left = back
+while left > 0 do
+  local records = redis.call('ZREVRANGEBYSCORE', grants, top, since, 'WITHSCORES', 'LIMIT', 0, 64)
+  if #records == 0 then
+    break
+  end
+  local gone = {}
+  for i = 1, #records, 2 do
+    local after, n = running(grants, records[i], tag)
+    gone[#gone + 1] = records[i]
     if n > left then
-      redis.call('ZADD', grants, record[2], string.format('%016d:%d', after - left, n - left))
+      redis.call('ZADD', grants, records[i + 1], string.format('%016d:%d', after - left, n - left) .. tag)
       n = left
     end
     left = left - n
+    if left == 0 then
+      break
+    end
   end
+  redis.call('ZREM', grants, unpack(gone))
 end
-local newest = redis.call('ZRANGE', grants, -1, -1, 'WITHSCORES')
+local newest = redis.call('ZREVRANGEBYSCORE', grants, top, string.format('%d', base), 'WITHSCORES', 'LIMIT', 0, 1)
 if #newest > 0 then
-  last = tonumber(newest[2])
+  last = tonumber(newest[2]) - base
 end
 --[[@admin]]
 local TYPES, FIELDS = { 'string', 'zset', 'zset' }, {}

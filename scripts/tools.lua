@@ -6,11 +6,12 @@ local function fail(why)
   error('REDLIMIT ' .. why, 0)
 end
 
--- call runs a command on key and turns a type error into a clear one naming the key.
-local function call(key, ...)
-  local reply = redis.pcall(...)
+-- call runs a command on key and turns an error into a clear one naming the
+-- key and the command (Redis before 7.2 names no command in an ACL refusal).
+local function call(key, command, ...)
+  local reply = redis.pcall(command, ...)
   if type(reply) == 'table' and reply.err then
-    fail('corrupt ' .. key .. ': ' .. reply.err)
+    fail('corrupt ' .. key .. ': ' .. reply.err .. ' (' .. command .. ')')
   end
   return reply
 end
