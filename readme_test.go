@@ -30,7 +30,7 @@ var (
 	client = redlimit.New(redis.NewClient(&redis.Options{}))
 	mux    = http.NewServeMux()
 
-	_, _, _, _ = netip.MustParsePrefix, time.Second, httplimit.New, redlimit.PerSecond
+	_, _, _, _ = netip.MustParsePrefix, time.Second, httplimit.FromContext, redlimit.PerSecond
 )
 `
 

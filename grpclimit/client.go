@@ -12,10 +12,10 @@ import (
 )
 
 // UnaryClientInterceptor waits for permits from limiterFor(ctx, method)
-// (Limiter.Acquire) before each unary call, for an upstream that limits its
+// (Limiter.Acquire; any Acquirer) before each unary call, for an upstream that limits its
 // callers: every instance of the calling service then shares the upstream's
 // quota instead of being denied by it. ctx is the call's outgoing context; a
-// nil Limiter leaves the call unlimited.
+// nil Limiter (L's zero value) leaves the call unlimited.
 //
 // The wait honours the call's deadline. When the limiter says the wait would
 // pass it, the call fails at once, without reaching the upstream, with
@@ -27,10 +27,13 @@ import (
 // Redis unavailable is codes.Unavailable, or the call goes ahead with
 // FailOpen; any other error, redlimit.ErrMisconfigured among them, is
 // codes.Internal.
-func UnaryClientInterceptor(limiterFor func(ctx context.Context, method string) *redlimit.Limiter, opts ...ClientOption) grpc.UnaryClientInterceptor {
+func UnaryClientInterceptor[L interface {
+	comparable
+	Acquirer
+}](limiterFor func(ctx context.Context, method string) L, opts ...ClientOption) grpc.UnaryClientInterceptor {
 	o := newClientOptions(opts)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
-		if err := o.wait(ctx, method, req, limiterFor); err != nil {
+		if err := wait(o, ctx, method, req, limiterFor); err != nil {
 			return err
 		}
 		return invoker(ctx, method, req, reply, cc, callOpts...)
@@ -39,10 +42,13 @@ func UnaryClientInterceptor(limiterFor func(ctx context.Context, method string) 
 
 // StreamClientInterceptor is UnaryClientInterceptor for streams: it waits
 // once, before the stream starts, PermitsFunc given no request.
-func StreamClientInterceptor(limiterFor func(ctx context.Context, method string) *redlimit.Limiter, opts ...ClientOption) grpc.StreamClientInterceptor {
+func StreamClientInterceptor[L interface {
+	comparable
+	Acquirer
+}](limiterFor func(ctx context.Context, method string) L, opts ...ClientOption) grpc.StreamClientInterceptor {
 	o := newClientOptions(opts)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, callOpts ...grpc.CallOption) (grpc.ClientStream, error) {
-		if err := o.wait(ctx, method, nil, limiterFor); err != nil {
+		if err := wait(o, ctx, method, nil, limiterFor); err != nil {
 			return nil, err
 		}
 		return streamer(ctx, desc, cc, method, callOpts...)
@@ -60,15 +66,21 @@ func newClientOptions(opts []ClientOption) *clientOptions {
 // wait takes a call's permits, waiting for them. A nil error lets the call
 // go ahead; any other is the status to end it with. A wait that cannot end
 // before the deadline, and a request above the limit, are denials, not
-// errors: ErrorHook is not told.
-func (o *clientOptions) wait(ctx context.Context, method string, req any, limiterFor func(ctx context.Context, method string) *redlimit.Limiter) error {
+// errors: ErrorHook is not told. (A function, not a method: methods cannot
+// have type parameters.)
+func wait[L interface {
+	comparable
+	Acquirer
+}](o *clientOptions, ctx context.Context, method string, req any, limiterFor func(ctx context.Context, method string) L) error {
 	limiter := limiterFor(ctx, method)
-	if limiter == nil {
+	var none L
+	if limiter == none {
 		return nil
 	}
 	err := limiter.Acquire(ctx, o.permits(ctx, method, req))
 	switch {
 	case err == nil:
+		o.decided()
 		return nil
 	case ctx.Err() != nil || errors.Is(err, redlimit.ErrMisconfigured) || errors.Is(err, redlimit.ErrUnavailable):
 		return o.failed(ctx, method, err)

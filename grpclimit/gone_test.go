@@ -70,7 +70,7 @@ func TestCallerGoneMidDecision(t *testing.T) {
 			limiterFor := func(_, key string) *redlimit.Limiter {
 				return client.FixedWindow(name + key).WithDefault(redlimit.PerMinute(5))
 			}
-			opts := []grpclimit.Option{grpclimit.FailOpen(true), grpclimit.ErrorHook(func(context.Context, string, error) { hooked.Add(1) })}
+			opts := []grpclimit.Option{grpclimit.LimitGRPCServices(true), grpclimit.FailOpen(true), grpclimit.ErrorHook(func(context.Context, string, error) { hooked.Add(1) })}
 			// ended learns of each call's end on the server, after grpclimit's.
 			ended := make(chan struct{}, 1)
 			conn := dial(t, serve(t,

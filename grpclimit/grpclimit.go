@@ -27,6 +27,17 @@
 //	ratelimit-policy: "default/1s";q=10;w=1, "default/1h";q=1000;w=3600
 //	ratelimit: "default/1s";r=9;t=1
 //
+// The server interceptors leave gRPC's own reflection and health services
+// (grpc.reflection.*, grpc.health.*) unlimited, before any KeyFunc runs: a
+// tool such as grpcurl, or a load balancer's health check, carries no API
+// key and should not spend a caller's permits. LimitGRPCServices(true)
+// limits them too.
+//
+// Callers are keyed by default by their IP address (PeerIP): an IPv4
+// address, or an IPv6 address's /64 network, the block one subscriber holds,
+// so that its other addresses are not fresh limits. PeerPrefix sets other
+// prefix lengths.
+//
 // The interceptors are safe for concurrent use.
 package grpclimit
 
@@ -34,6 +45,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -57,11 +70,12 @@ var ErrNoKey = errors.New("grpclimit: no key")
 
 // Option configures the server interceptors. The options and their defaults:
 //
-//	KeyFunc      PeerIP(): the IP address of the connection's peer
-//	PermitsFunc  1 permit per call
-//	PolicyName   "default"
-//	FailOpen     false: when Redis is unavailable, fail calls with codes.Unavailable
-//	ErrorHook    none
+//	KeyFunc            PeerIP(): the peer's IPv4 address, or its IPv6 /64
+//	PermitsFunc        1 permit per call
+//	PolicyName         "default"
+//	FailOpen           false: when Redis is unavailable, fail calls with codes.Unavailable
+//	ErrorHook          none
+//	LimitGRPCServices  false: grpc.reflection.* and grpc.health.* are not limited
 type Option interface{ apply(*options) }
 
 // ClientOption configures the client interceptors: PermitsFunc, FailOpen and
@@ -106,11 +120,41 @@ type FailOpen bool
 // ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
 // not of a call whose context ended first, nor of a denial. It runs on the
 // call's goroutine, so it must be quick: a log line, a counter.
+//
+// The one exception: while a Client's breaker is open
+// (redlimit.WithBreaker), every call is answered with
+// redlimit.ErrBreakerOpen in microseconds, and a hook that logs would write
+// a line for each. So ErrorHook is told of the first ErrBreakerOpen of a run
+// only: the next is told once something else has happened in between (a
+// decision, or another error, such as the breaker's failed probe once per
+// cool-down). The failures that open the breaker and those of its probes are
+// told as they come. To count every call answered so, use the Client's
+// observer (redlimit.WithObserver), which sees them all.
 type ErrorHook func(ctx context.Context, method string, err error)
 
+// LimitGRPCServices limits the calls of gRPC's reflection and health
+// services (methods under /grpc.reflection. and /grpc.health.) like any
+// other. By default they go through without a KeyFunc or a limiter.
+type LimitGRPCServices bool
+
+// Allower is what the server interceptors ask for a decision: a
+// *redlimit.Limiter, or a wrapper or fake of one. A Result with Limit 0 and
+// no error is a grant without a decision (a Client's WithFailOpen): no
+// rate-limit metadata is set.
+type Allower interface {
+	Allow(ctx context.Context, permits int64) (redlimit.Result, error)
+}
+
+// Acquirer is what the client interceptors wait on: a *redlimit.Limiter, or
+// a wrapper or fake of one.
+type Acquirer interface {
+	Acquire(ctx context.Context, permits int64) error
+}
+
 type options struct {
-	key    KeyFunc
-	policy PolicyName
+	key      KeyFunc
+	policy   PolicyName
+	limitAll LimitGRPCServices
 	clientOptions
 
 	name string // the policy name as an sf-string
@@ -120,13 +164,18 @@ type clientOptions struct {
 	permits PermitsFunc
 	open    FailOpen
 	hook    ErrorHook
+
+	// breakerTold: the latest error ErrorHook was told of is ErrBreakerOpen,
+	// with nothing else since. See ErrorHook.
+	breakerTold atomic.Bool
 }
 
-func (o KeyFunc) apply(opts *options)     { opts.key = o }
-func (o PolicyName) apply(opts *options)  { opts.policy = o }
-func (o PermitsFunc) apply(opts *options) { o.applyClient(&opts.clientOptions) }
-func (o FailOpen) apply(opts *options)    { o.applyClient(&opts.clientOptions) }
-func (o ErrorHook) apply(opts *options)   { o.applyClient(&opts.clientOptions) }
+func (o KeyFunc) apply(opts *options)           { opts.key = o }
+func (o PolicyName) apply(opts *options)        { opts.policy = o }
+func (o PermitsFunc) apply(opts *options)       { o.applyClient(&opts.clientOptions) }
+func (o FailOpen) apply(opts *options)          { o.applyClient(&opts.clientOptions) }
+func (o ErrorHook) apply(opts *options)         { o.applyClient(&opts.clientOptions) }
+func (o LimitGRPCServices) apply(opts *options) { opts.limitAll = o }
 
 func (o PermitsFunc) applyClient(opts *clientOptions) { opts.permits = o }
 func (o FailOpen) applyClient(opts *clientOptions)    { opts.open = o }
@@ -135,26 +184,34 @@ func (o ErrorHook) applyClient(opts *clientOptions)   { opts.hook = o }
 func onePermit(context.Context, string, any) int64 { return 1 }
 
 // UnaryServerInterceptor takes permits from limiterFor(method, key) for each
-// unary call, key naming its caller (KeyFunc). A Limiter is one named limit,
+// unary call, key naming its caller (KeyFunc). limiterFor returns a
+// *redlimit.Limiter, or any Allower (a wrapper, a fake in tests): L is
+// inferred from it. A Limiter is one named limit,
 // so limiterFor returns a handle per key (and per method, for limits that
 // differ by method). Handles hold no state and cost no round trip to make:
 //
 //	limiterFor := func(method, key string) *redlimit.Limiter {
+//		if method == pb.Search_Export_FullMethodName {
+//			return client.FixedWindow("export:" + key).WithDefault(redlimit.PerHour(10))
+//		}
 //		return client.FixedWindow("rpc:" + key).WithDefault(redlimit.PerMinute(100))
 //	}
 //	srv := grpc.NewServer(
 //		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor)),
 //		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor)))
 //
-// A nil Limiter leaves the call unlimited (health checks, say). A call
+// A nil Limiter (L's zero value) leaves the call unlimited. A call
 // whose caller goes away (its context cancelled) before the decision is made
 // ends with codes.Canceled, and the handler never runs for it, even under
 // FailOpen: a caller that is gone is not an outage.
-func UnaryServerInterceptor(limiterFor func(method, key string) *redlimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
+func UnaryServerInterceptor[L interface {
+	comparable
+	Allower
+}](limiterFor func(method, key string) L, opts ...Option) grpc.UnaryServerInterceptor {
 	o := newOptions(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		setHeader := func(md metadata.MD) error { return grpc.SetHeader(ctx, md) }
-		if err := o.decide(ctx, info.FullMethod, req, limiterFor, setHeader); err != nil {
+		if err := decide(o, ctx, info.FullMethod, req, limiterFor, setHeader); err != nil {
 			return nil, err
 		}
 		return handler(ctx, req)
@@ -163,10 +220,13 @@ func UnaryServerInterceptor(limiterFor func(method, key string) *redlimit.Limite
 
 // StreamServerInterceptor is UnaryServerInterceptor for streams: one decision
 // when the stream starts, PermitsFunc given no request.
-func StreamServerInterceptor(limiterFor func(method, key string) *redlimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
+func StreamServerInterceptor[L interface {
+	comparable
+	Allower
+}](limiterFor func(method, key string) L, opts ...Option) grpc.StreamServerInterceptor {
 	o := newOptions(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := o.decide(ss.Context(), info.FullMethod, nil, limiterFor, ss.SetHeader); err != nil {
+		if err := decide(o, ss.Context(), info.FullMethod, nil, limiterFor, ss.SetHeader); err != nil {
 			return err
 		}
 		return handler(srv, ss)
@@ -190,9 +250,22 @@ func newOptions(opts []Option) *options {
 	return o
 }
 
+// grpcService reports whether method belongs to gRPC's reflection or health
+// service, left unlimited unless LimitGRPCServices.
+func grpcService(method string) bool {
+	return strings.HasPrefix(method, "/grpc.reflection.") || strings.HasPrefix(method, "/grpc.health.")
+}
+
 // decide takes a call's permits. A nil error lets the call through; any
-// other is the status to end it with.
-func (o *options) decide(ctx context.Context, method string, req any, limiterFor func(method, key string) *redlimit.Limiter, setHeader func(metadata.MD) error) error {
+// other is the status to end it with. (A function, not a method: methods
+// cannot have type parameters.)
+func decide[L interface {
+	comparable
+	Allower
+}](o *options, ctx context.Context, method string, req any, limiterFor func(method, key string) L, setHeader func(metadata.MD) error) error {
+	if !bool(o.limitAll) && grpcService(method) {
+		return nil
+	}
 	key, err := o.key(ctx, method)
 	if err != nil {
 		o.report(ctx, method, err)
@@ -202,10 +275,14 @@ func (o *options) decide(ctx context.Context, method string, req any, limiterFor
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	limiter := limiterFor(method, key)
-	if limiter == nil {
+	var none L
+	if limiter == none {
 		return nil
 	}
 	res, err := limiter.Allow(ctx, o.permits(ctx, method, req))
+	if err == nil {
+		o.decided()
+	}
 	if err != nil || ctx.Err() != nil {
 		// A caller gone (or out of time) by the time of the answer gets no
 		// handler, whatever the answer: see failed.
@@ -247,8 +324,24 @@ func (o *clientOptions) failed(ctx context.Context, method string, err error) er
 }
 
 func (o *clientOptions) report(ctx context.Context, method string, err error) {
-	if o.hook != nil {
-		o.hook(ctx, method, err)
+	if o.hook == nil {
+		return
+	}
+	if errors.Is(err, redlimit.ErrBreakerOpen) {
+		if o.breakerTold.Swap(true) {
+			return // told of this run already
+		}
+	} else {
+		o.breakerTold.Store(false)
+	}
+	o.hook(ctx, method, err)
+}
+
+// decided ends a run of ErrBreakerOpen: the breaker closed, whoever closed
+// it. A load first, so that decisions cost no write to shared memory.
+func (o *clientOptions) decided() {
+	if o.breakerTold.Load() {
+		o.breakerTold.Store(false)
 	}
 }
 

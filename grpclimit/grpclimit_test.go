@@ -112,8 +112,10 @@ func (h *hookedErrors) check(t *testing.T, k kind, want error) {
 	}
 }
 
-// limitedServer is serve with both server interceptors.
+// limitedServer is serve with both server interceptors. The health service
+// stands for any service, so it is limited too (LimitGRPCServices).
 func limitedServer(t *testing.T, limiterFor func(method, key string) *redlimit.Limiter, opts ...grpclimit.Option) *grpc.ClientConn {
+	opts = append([]grpclimit.Option{grpclimit.LimitGRPCServices(true)}, opts...)
 	return dial(t, serve(t,
 		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor, opts...)),
 		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor, opts...))))

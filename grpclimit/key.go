@@ -10,12 +10,27 @@ import (
 	"google.golang.org/grpc/peer"
 )
 
-// PeerIP keys a call by the IP address of the connection's peer. IPv4-mapped
-// IPv6 addresses are IPv4 callers and zones are local detail, so both are
-// normalised away: one caller, one key. A peer that is not an IP address (a
-// Unix socket, an in-memory listener) is ErrNoKey. Behind a proxy every call
-// has the proxy's address: key by Metadata the proxy sets instead.
-func PeerIP() KeyFunc {
+// PeerIP keys a call by the IP address of the connection's peer: an IPv4
+// address, or an IPv6 address's /64 network ("2001:db8:1:2::/64"). A /64 is
+// what an ISP gives one subscriber, and any address in it is the
+// subscriber's to use: keyed by address, each would be a fresh limit.
+// IPv4-mapped IPv6 addresses (::ffff:192.0.2.1) are IPv4 callers
+// ("192.0.2.1") and zones are local detail, so both are normalised away. A
+// peer that is not an IP address (a Unix socket, an in-memory listener) is
+// ErrNoKey. Behind a proxy every call has the proxy's address: key by
+// Metadata the proxy sets instead. PeerPrefix keys by other prefix lengths.
+func PeerIP() KeyFunc { return PeerPrefix(32, 64) }
+
+// PeerPrefix is PeerIP keying IPv4 peers by their /bits4 network and IPv6
+// ones by their /bits6: PeerPrefix(32, 128) keys each address on its own,
+// PeerPrefix(24, 48) a whole site. A full-length prefix keys by the bare
+// address ("192.0.2.1"), any other by the network in CIDR notation
+// ("192.0.2.0/24", "2001:db8:1::/48"). It panics unless 0 <= bits4 <= 32 and
+// 0 <= bits6 <= 128.
+func PeerPrefix(bits4, bits6 int) KeyFunc {
+	if bits4 < 0 || bits4 > 32 || bits6 < 0 || bits6 > 128 {
+		panic(fmt.Sprintf("grpclimit: prefix lengths /%d for IPv4 and /%d for IPv6 are out of range", bits4, bits6))
+	}
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
@@ -32,7 +47,16 @@ func PeerIP() KeyFunc {
 		if !ok {
 			return "", fmt.Errorf("%w: peer %q is not an IP address", ErrNoKey, p.Addr)
 		}
-		return addr.Unmap().WithZone("").String(), nil
+		addr = addr.Unmap().WithZone("")
+		bits := bits6
+		if addr.Is4() {
+			bits = bits4
+		}
+		if bits == addr.BitLen() {
+			return addr.String(), nil
+		}
+		prefix, _ := addr.Prefix(bits) // bits is in range, checked above
+		return prefix.String(), nil
 	}
 }
 

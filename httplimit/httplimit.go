@@ -46,6 +46,11 @@
 //
 // The handlers after the middleware, DeniedHandler and ErrorHandler among
 // them, find its Decision with FromContext.
+//
+// By default a client is its IP address (ClientIP): an IPv4 address, or an
+// IPv6 address's /64 network, the block an ISP gives one subscriber, whose
+// every address would otherwise be a fresh limit. ClientPrefix sets other
+// prefix lengths.
 package httplimit
 
 import (
@@ -55,6 +60,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redlimit/redlimit"
@@ -66,7 +72,7 @@ var ErrNoKey = errors.New("httplimit: no key")
 
 // Option configures New. The options and their defaults:
 //
-//	KeyFunc        ClientIP(""): the IP address of RemoteAddr, no proxy trusted
+//	KeyFunc        ClientIP(""): RemoteAddr's IPv4 address, or its IPv6 /64; no proxy trusted
 //	PermitsFunc    1 permit per request
 //	PolicyName     "default"
 //	LegacyHeaders  false: no X-RateLimit-Limit, -Remaining, -Reset
@@ -89,6 +95,9 @@ type options struct {
 	now     Clock
 
 	name string // the policy name as an sf-string
+	// breakerTold: the latest error ErrorHook was told of is ErrBreakerOpen,
+	// with nothing else since. See ErrorHook.
+	breakerTold atomic.Bool
 }
 
 // KeyFunc names the client a request counts against: the limiter used is
@@ -107,14 +116,6 @@ type PermitsFunc func(r *http.Request) int64
 // be printable ASCII: New panics otherwise. Stacked middlewares need names of
 // their own, or a client cannot tell their items apart.
 type PolicyName string
-
-// Window was the policy's time window, sent as RateLimit-Policy's w
-// parameter.
-//
-// Deprecated: ignored. w is each decision's redlimit.Result.Window, which
-// follows the config in force; a fixed Window went stale as soon as a SetRate
-// changed the interval.
-type Window time.Duration
 
 // LegacyHeaders adds the pre-standard fields many clients still read:
 // X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset, the last as
@@ -141,6 +142,16 @@ type FailOpen bool
 // ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
 // not of a request whose client has gone away, which gets no answer. It runs
 // on the request's goroutine, so it must be quick: a log line, a counter.
+//
+// The one exception: while a Client's breaker is open
+// (redlimit.WithBreaker), every request is answered with
+// redlimit.ErrBreakerOpen in microseconds, and a hook that logs would write
+// a line for each (140,337 in 3 s, once). So ErrorHook is told of the first
+// ErrBreakerOpen of a run only: the next is told once something else has
+// happened in between (a decision, or another error, such as the breaker's
+// failed probe once per cool-down). The failures that open the breaker and
+// those of its probes are told as they come. To count every request answered
+// so, use the Client's observer (redlimit.WithObserver), which sees them all.
 type ErrorHook func(r *http.Request, err error)
 
 // DeniedHandler writes the response to a denied request. The rate-limit
@@ -166,13 +177,19 @@ type Clock func() time.Time
 func (o KeyFunc) apply(opts *options)       { opts.key = o }
 func (o PermitsFunc) apply(opts *options)   { opts.permits = o }
 func (o PolicyName) apply(opts *options)    { opts.policy = o }
-func (Window) apply(*options)               {}
 func (o LegacyHeaders) apply(opts *options) { opts.legacy = o }
 func (o FailOpen) apply(opts *options)      { opts.open = o }
 func (o ErrorHook) apply(opts *options)     { opts.hook = o }
 func (o DeniedHandler) apply(opts *options) { opts.denied = o }
 func (o ErrorHandler) apply(opts *options)  { opts.failed = o }
 func (o Clock) apply(opts *options)         { opts.now = o }
+
+// Allower is what the middleware asks for a decision: a *redlimit.Limiter,
+// or a wrapper or fake of one. A Result with Limit 0 and no error is a grant
+// without a decision (a Client's WithFailOpen): no rate-limit fields are set.
+type Allower interface {
+	Allow(ctx context.Context, permits int64) (redlimit.Result, error)
+}
 
 // Decision is what the middleware made of a request. The handlers after it
 // (the next handler, DeniedHandler, ErrorHandler) read it with FromContext.
@@ -198,8 +215,10 @@ func FromContext(ctx context.Context) (Decision, bool) {
 }
 
 // New returns middleware that takes permits from limiterFor(key) for each
-// request, key naming its client (KeyFunc). A Limiter is one named limit, so
-// limiterFor returns a handle per key. Handles hold no state and cost no round
+// request, key naming its client (KeyFunc). limiterFor returns a
+// *redlimit.Limiter, or any Allower (a wrapper, a fake in tests): L is
+// inferred from it. A Limiter is one named limit, so limiterFor returns a
+// handle per key. Handles hold no state and cost no round
 // trip to make; the config goes with the handle (WithDefault) or is stored
 // once in Redis (SetRate):
 //
@@ -208,14 +227,17 @@ func FromContext(ctx context.Context) (Decision, bool) {
 //	})
 //	http.ListenAndServe(":8080", limit(mux))
 //
-// A nil Limiter leaves the request unlimited (health checks, say): it goes
+// A nil Limiter (L's zero value) leaves the request unlimited (health checks, say): it goes
 // to the next handler with no decision and no rate-limit fields.
 //
 // A request whose client goes away (its context cancelled) before the
 // decision is made is answered with nothing, and the next handler never runs
 // for it, even under FailOpen: a client that is gone is not an outage.
-func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(http.Handler) http.Handler {
-	o := options{
+func New[L interface {
+	comparable
+	Allower
+}](limiterFor func(key string) L, opts ...Option) func(http.Handler) http.Handler {
+	o := &options{
 		key:     ClientIP(""),
 		permits: func(*http.Request) int64 { return 1 },
 		policy:  "default",
@@ -224,7 +246,7 @@ func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(htt
 		now:     time.Now,
 	}
 	for _, opt := range opts {
-		opt.apply(&o)
+		opt.apply(o)
 	}
 	name, ok := ratelimitfields.Name(string(o.policy))
 	if !ok {
@@ -241,11 +263,15 @@ func New(limiterFor func(key string) *redlimit.Limiter, opts ...Option) func(htt
 				return
 			}
 			limiter := limiterFor(d.Key)
-			if limiter == nil {
+			var none L
+			if limiter == none {
 				next.ServeHTTP(w, r) // not limited: health checks, say
 				return
 			}
 			d.Result, d.Err = limiter.Allow(r.Context(), o.permits(r))
+			if d.Err == nil {
+				o.decided()
+			}
 			switch {
 			case r.Context().Err() != nil:
 				// The client is gone, whatever the limiter answered: nothing
@@ -297,8 +323,24 @@ func (o *options) fail(w http.ResponseWriter, r *http.Request, d Decision, statu
 }
 
 func (o *options) report(r *http.Request, err error) {
-	if o.hook != nil {
-		o.hook(r, err)
+	if o.hook == nil {
+		return
+	}
+	if errors.Is(err, redlimit.ErrBreakerOpen) {
+		if o.breakerTold.Swap(true) {
+			return // told of this run already
+		}
+	} else {
+		o.breakerTold.Store(false)
+	}
+	o.hook(r, err)
+}
+
+// decided ends a run of ErrBreakerOpen: the breaker closed, whoever closed
+// it. A load first, so that decisions cost no write to shared memory.
+func (o *options) decided() {
+	if o.breakerTold.Load() {
+		o.breakerTold.Store(false)
 	}
 }
 

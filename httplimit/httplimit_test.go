@@ -488,8 +488,6 @@ func TestSeveralRates(t *testing.T) {
 
 // TestPolicyFollowsConfig: w is the window of the config in force, read from
 // each decision, so a SetRate that changes the interval changes w at once.
-// The deprecated Window option, set here as a user of the old API would, is
-// ignored.
 func TestPolicyFollowsConfig(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		now := new(redistest.Clock)
@@ -532,8 +530,7 @@ func TestPolicyFollowsConfig(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			handler := httplimit.New(limiterFor[step.alg], httplimit.PolicyName("per-user"), httplimit.Header("X-User"),
-				httplimit.Window(10*time.Second))(http.NotFoundHandler())
+			handler := httplimit.New(limiterFor[step.alg], httplimit.PolicyName("per-user"), httplimit.Header("X-User"))(http.NotFoundHandler())
 			req := httptest.NewRequest("GET", "/", nil)
 			req.Header.Set("X-User", "u1")
 			rec := httptest.NewRecorder()

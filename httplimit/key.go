@@ -8,7 +8,12 @@ import (
 	"strings"
 )
 
-// ClientIP keys a request by its client's IP address.
+// ClientIP keys a request by its client's IP address: an IPv4 address, or
+// an IPv6 address's /64 network ("2001:db8:1:2::/64"). A /64 is what an ISP
+// gives one subscriber, and any address in it is the subscriber's to use:
+// keyed by address, each of them would be a fresh limit. IPv4-mapped IPv6
+// addresses (::ffff:192.0.2.1) are IPv4 clients ("192.0.2.1"). ClientPrefix
+// keys by other prefix lengths.
 //
 // Without trusted proxies that is RemoteAddr's. When RemoteAddr is inside one
 // of the trusted prefixes, the request came through a proxy that appended the
@@ -21,6 +26,19 @@ import (
 // "unknown" or an obfuscated name) ends the walk at the proxy that wrote it,
 // so such clients share that proxy's limit rather than escape it.
 func ClientIP(header string, trusted ...netip.Prefix) KeyFunc {
+	return ClientPrefix(32, 64, header, trusted...)
+}
+
+// ClientPrefix is ClientIP keying IPv4 clients by their /bits4 network and
+// IPv6 ones by their /bits6: ClientPrefix(32, 128, ...) keys each address on
+// its own, ClientPrefix(24, 48, ...) a whole site. A full-length prefix keys
+// by the bare address ("192.0.2.1"), any other by the network in CIDR
+// notation ("192.0.2.0/24", "2001:db8:1::/48"). It panics unless 0 <= bits4
+// <= 32 and 0 <= bits6 <= 128.
+func ClientPrefix(bits4, bits6 int, header string, trusted ...netip.Prefix) KeyFunc {
+	if bits4 < 0 || bits4 > 32 || bits6 < 0 || bits6 > 128 {
+		panic(fmt.Sprintf("httplimit: prefix lengths /%d for IPv4 and /%d for IPv6 are out of range", bits4, bits6))
+	}
 	header = http.CanonicalHeaderKey(header)
 	isTrusted := func(a netip.Addr) bool {
 		for _, p := range trusted {
@@ -36,7 +54,7 @@ func ClientIP(header string, trusted ...netip.Prefix) KeyFunc {
 			return "", fmt.Errorf("%w: RemoteAddr %q is not an IP address", ErrNoKey, r.RemoteAddr)
 		}
 		if header == "" || !isTrusted(client) {
-			return client.String(), nil
+			return network(client, bits4, bits6), nil
 		}
 		hops := forwardedFor(r.Header.Values(header), header == "Forwarded")
 		for i := len(hops) - 1; i >= 0 && isTrusted(client); i-- {
@@ -46,8 +64,22 @@ func ClientIP(header string, trusted ...netip.Prefix) KeyFunc {
 			}
 			client = hop
 		}
-		return client.String(), nil
+		return network(client, bits4, bits6), nil
 	}
+}
+
+// network is the key of an address: itself at full length, else its
+// network's prefix.
+func network(a netip.Addr, bits4, bits6 int) string {
+	bits := bits6
+	if a.Is4() {
+		bits = bits4
+	}
+	if bits == a.BitLen() {
+		return a.String()
+	}
+	p, _ := a.Prefix(bits) // bits is in range, checked by ClientPrefix
+	return p.String()
 }
 
 // Header keys a request by the value of a header, such as an API key. A

@@ -2,6 +2,7 @@ package httplimit_test
 
 import (
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"testing"
@@ -28,7 +29,7 @@ func TestClientIP(t *testing.T) {
 		{"all trusted: the left-most", "X-Forwarded-For", "10.0.0.1:1234", map[string][]string{"X-Forwarded-For": {"10.1.1.1, 10.0.0.2"}}, "10.1.1.1", nil},
 		{"not an address stops at the proxy that wrote it", "X-Forwarded-For", "10.0.0.1:1234", map[string][]string{"X-Forwarded-For": {"203.0.113.7, unknown, 10.0.0.2"}}, "10.0.0.2", nil},
 		{"address with a port", "X-Forwarded-For", "10.0.0.1:1234", map[string][]string{"X-Forwarded-For": {"203.0.113.7:5555"}}, "203.0.113.7", nil},
-		{"IPv6 peer and hop", "X-Forwarded-For", "[2001:db8::1]:443", map[string][]string{"X-Forwarded-For": {"[2600::1]:80"}}, "2600::1", nil},
+		{"IPv6 peer and hop", "X-Forwarded-For", "[2001:db8::1]:443", map[string][]string{"X-Forwarded-For": {"[2600::1]:80"}}, "2600::/64", nil},
 		{"IPv4-mapped peer is IPv4", "", "[::ffff:192.0.2.1]:80", nil, "192.0.2.1", nil},
 		{"lower-case header name", "x-forwarded-for", "10.0.0.1:1234", map[string][]string{"X-Forwarded-For": {"203.0.113.7"}}, "203.0.113.7", nil},
 		{"single-valued header", "X-Real-IP", "10.0.0.1:1234", map[string][]string{"X-Real-Ip": {"203.0.113.7"}}, "203.0.113.7", nil},
@@ -63,5 +64,53 @@ func TestHeader(t *testing.T) {
 	r.Header.Set("X-Api-Key", "k1")
 	if got, err := httplimit.Header("x-api-key")(r); got != "k1" || err != nil {
 		t.Errorf("key %q, error %v; want k1", got, err)
+	}
+}
+
+// TestClientPrefix: IPv6 clients are keyed by their /64 by default, so the
+// addresses of one subscriber share a limit; IPv4 ones, mapped or not, by
+// address; ClientPrefix sets other lengths.
+func TestClientPrefix(t *testing.T) {
+	proxy := netip.MustParsePrefix("10.0.0.0/8")
+	tests := []struct {
+		key   httplimit.KeyFunc
+		addrs []string // RemoteAddr, and the client a trusted proxy names in X-Forwarded-For
+		want  string
+	}{
+		{httplimit.ClientIP("X-Forwarded-For", proxy), []string{"2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:ffff::9"}, "2001:db8:1:2::/64"},
+		{httplimit.ClientIP("X-Forwarded-For", proxy), []string{"2001:db8:1:3::1"}, "2001:db8:1:3::/64"},
+		{httplimit.ClientIP("X-Forwarded-For", proxy), []string{"1.2.3.4", "::ffff:1.2.3.4"}, "1.2.3.4"},
+		{httplimit.ClientIP("X-Forwarded-For", proxy), []string{"1.2.3.5"}, "1.2.3.5"},
+		{httplimit.ClientPrefix(24, 48, "X-Forwarded-For", proxy), []string{"1.2.3.4", "::ffff:1.2.3.4", "1.2.3.5"}, "1.2.3.0/24"},
+		{httplimit.ClientPrefix(24, 48, "X-Forwarded-For", proxy), []string{"2001:db8:1:2::1", "2001:db8:1:ffff::9"}, "2001:db8:1::/48"},
+		{httplimit.ClientPrefix(32, 128, "X-Forwarded-For", proxy), []string{"2001:db8:1:2::1"}, "2001:db8:1:2::1"},
+		{httplimit.ClientPrefix(32, 128, "X-Forwarded-For", proxy), []string{"2001:db8:1:2::2"}, "2001:db8:1:2::2"},
+		{httplimit.ClientPrefix(32, 128, "X-Forwarded-For", proxy), []string{"::ffff:1.2.3.4"}, "1.2.3.4"},
+		{httplimit.ClientPrefix(0, 0, "X-Forwarded-For", proxy), []string{"1.2.3.4"}, "0.0.0.0/0"},
+		{httplimit.ClientPrefix(0, 0, "X-Forwarded-For", proxy), []string{"2001:db8:1:2::1"}, "::/0"},
+	}
+	for i, tt := range tests {
+		for _, addr := range tt.addrs {
+			direct := httptest.NewRequest("GET", "/", nil)
+			direct.RemoteAddr = netip.AddrPortFrom(netip.MustParseAddr(addr), 443).String()
+			proxied := httptest.NewRequest("GET", "/", nil)
+			proxied.RemoteAddr = "10.0.0.1:443"
+			proxied.Header.Set("X-Forwarded-For", addr)
+			for _, r := range []*http.Request{direct, proxied} {
+				if got, err := tt.key(r); got != tt.want || err != nil {
+					t.Errorf("case %d, %s from %s: key %q, error %v; want %q", i, addr, r.RemoteAddr, got, err, tt.want)
+				}
+			}
+		}
+	}
+	for _, bits := range [][2]int{{-1, 64}, {33, 64}, {32, -1}, {32, 129}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("ClientPrefix(%d, %d): no panic", bits[0], bits[1])
+				}
+			}()
+			httplimit.ClientPrefix(bits[0], bits[1], "")
+		}()
 	}
 }
