@@ -123,7 +123,7 @@ func (c *Client) evalSha(ctx context.Context, s *script, keys, args []any) (any,
 		reply, err = c.send(ctx, s, keys, args)
 	}
 	if err != nil {
-		return nil, s.namingCommand(scriptError(ctx, err, keys))
+		return nil, s.namingCommand(err, scriptError(ctx, err, keys))
 	}
 	return reply, nil
 }
@@ -140,11 +140,11 @@ var scriptCommand = regexp.MustCompile(`redis\.p?call\('([A-Z]+)'`)
 // command): the command on that line, or on the two before it, where a
 // pcall's error is raised. A refusal met inside a helper that takes the
 // command as an argument stays as Redis said it (its ACL LOG names it).
-func (s *script) namingCommand(err error) error {
+func (s *script) namingCommand(raw, err error) error {
 	if !errors.Is(err, ErrMisconfigured) || strings.Contains(err.Error(), "may not run") {
 		return err
 	}
-	m := userScriptLine.FindStringSubmatch(err.Error())
+	m := userScriptLine.FindStringSubmatch(raw.Error())
 	if m == nil {
 		return err
 	}
@@ -380,14 +380,23 @@ func errorCode(msg string) bool {
 // permissions to run the 'zadd' command"); 7.0 does not, and its ACL LOG
 // does.
 func misconfigured(key, reply string) error {
+	command := ""
 	if _, rest, ok := strings.Cut(reply, "run the '"); ok {
-		if command, _, ok := strings.Cut(rest, "' command"); ok {
-			return fmt.Errorf("%w: the ACL user may not run %s, which the scripts run on %s: %w",
-				ErrMisconfigured, strings.ToUpper(command), key, replyError(reply))
-		}
+		command, _, _ = strings.Cut(rest, "' command")
+	} else if m := calledCommand.FindStringSubmatch(reply); m != nil {
+		// tools.lua's call names the command it ran: "… (ZRANGE)".
+		command, reply = m[2], m[1]
+	}
+	if command != "" {
+		return fmt.Errorf("%w: the ACL user may not run %s, which the scripts run on %s: %w",
+			ErrMisconfigured, strings.ToUpper(command), key, replyError(reply))
 	}
 	return fmt.Errorf("%w: refused on %s (ACL LOG names the command): %w", ErrMisconfigured, key, replyError(reply))
 }
+
+// calledCommand splits an error reply passed on by tools.lua's call from
+// the command it names.
+var calledCommand = regexp.MustCompile(`^(.*) \(([A-Z]+)\)$`)
 
 // replyError is an error reply of Redis that a script met and passed on in
 // its own error: the cause, as go-redis would have given it.
