@@ -2,12 +2,8 @@ package redlimit
 
 import (
 	"context"
-	"crypto/sha1"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -219,131 +215,6 @@ func TestTokenBucketLogBoundedAfterManyGrants(t *testing.T) {
 		assert.Equal(t, int64(1), rdb.ZCard(ctx, l.keys[2]).Val())
 		allow("a denied Allow(900_000)", 900_000)
 	})
-}
-
-// TestTokenBucketRedisTimePerCall prints the Redis time (INFO commandstats,
-// usec_per_call of evalsha) of each token-bucket operation against the
-// number of grants in the window, on a redis-server of its own. It times
-// nothing (machines are noisy) and asserts only that every call ran. Set
-// REDLIMIT_LOG_BENCH=1 to run it; REDLIMIT_LOG_BEFORE=dir to time the
-// scripts in dir too (common.lua, admin.lua, tools.lua, tokenbucket.lua: e.g.
-// `git show HEAD:scripts/x.lua` of each).
-func TestTokenBucketRedisTimePerCall(t *testing.T) {
-	if os.Getenv("REDLIMIT_LOG_BENCH") != "1" {
-		t.Skip("set REDLIMIT_LOG_BENCH=1 to print Redis time per call against log size")
-	}
-	server := redistest.Start(t)
-	// The scripts before issue 24 stall Redis for seconds with a million
-	// grants logged: wait for them, and never send one twice.
-	rdb := redis.NewClient(&redis.Options{Addr: server.Addr(), ReadTimeout: time.Minute, MaxRetries: -1})
-	t.Cleanup(func() { rdb.Close() })
-	ctx := context.Background()
-	versions := []struct {
-		name string
-		alg  algorithm
-	}{{"after", tokenBucket}}
-	if dir := os.Getenv("REDLIMIT_LOG_BEFORE"); dir != "" {
-		versions = append([]struct {
-			name string
-			alg  algorithm
-		}{{"before", scriptFromDir(t, tokenBucket, dir)}}, versions...)
-	}
-	sizes := []int{10_000, 100_000, 1_000_000}
-	if s := os.Getenv("REDLIMIT_LOG_SIZES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(f)
-			require.NoError(t, err)
-			sizes = append(sizes, n)
-		}
-	}
-	// usec runs op alone and returns the Redis time of its EVALSHAs.
-	usec := func(op func()) (calls, us int64) {
-		require.NoError(t, rdb.ConfigResetStat(ctx).Err())
-		op()
-		info := rdb.Info(ctx, "commandstats").Val()
-		for line := range strings.Lines(info) {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:"); ok {
-				for _, kv := range strings.Split(rest, ",") {
-					k, v, _ := strings.Cut(kv, "=")
-					switch k {
-					case "calls":
-						calls, _ = strconv.ParseInt(v, 10, 64)
-					case "usec":
-						us, _ = strconv.ParseInt(v, 10, 64)
-					}
-				}
-			}
-		}
-		return calls, us
-	}
-	t.Logf("Redis µs per call (evalsha) against grants logged; PerHour(1,000,000), single-permit grants over 64 slices of the hour")
-	t.Logf("%-8s %-10s %-46s %10s %8s", "version", "grants", "operation", "µs", "records")
-	for _, n := range sizes {
-		for _, v := range versions {
-			cfg := PerHour(1_000_000)
-			clk := newClock()
-			name := fmt.Sprintf("%s-%s-%d", uniqueName(t), v.name, n)
-			l := newClient(rdb, clk).limiter(name, v.alg)
-			require.NoError(t, l.SetRate(ctx, cfg))
-			fillLog(t, rdb, v.alg, name, clk, cfg, logSlices, n/logSlices)
-			clk.Add(500 * time.Millisecond)
-			// report prints the least Redis time of runs of op (this machine's
-			// other work only ever adds to it).
-			report := func(what string, runs int, op func()) {
-				least := int64(-1)
-				for range runs {
-					// Two peeks first, unmeasured: Lua's garbage collector
-					// catches up on what the calls before left behind.
-					for range 2 {
-						_, err := l.AvailablePermits(ctx)
-						require.NoError(t, err)
-					}
-					calls, us := usec(op)
-					require.Positive(t, calls, what)
-					if least < 0 || us/calls < least {
-						least = us / calls
-					}
-				}
-				t.Logf("%-8s %-10d %-46s %10d %8d", v.name, n, what, least, rdb.ZCard(ctx, l.keys[2]).Val())
-			}
-			check := func(_ any, err error) { require.NoError(t, err) }
-			report("Allow(1)", 5, func() { check(l.Allow(ctx, 1)) })
-			report("denied Allow(1_000_000)", 5, func() { check(l.Allow(ctx, 1_000_000)) })
-			report("AvailablePermits", 5, func() { check(l.AvailablePermits(ctx)) })
-			report("Release(1)", 5, func() { check(nil, l.Release(ctx, 1)) })
-			report(fmt.Sprintf("Release(%d), once", n/5), 1, func() { check(nil, l.Release(ctx, int64(n/5))) })
-			report("Allow(1) after the value key was deleted", 5, func() {
-				require.NoError(t, rdb.Del(ctx, l.keys[1]).Err())
-				check(l.Allow(ctx, 1))
-			})
-			report("SetRate", 5, func() { check(nil, l.SetRate(ctx, PerHour(900_000))) })
-			clk.Add(cfg.Interval + time.Second)
-			report("first TryAcquire(1) after the burst aged out, once", 1, func() { check(l.TryAcquire(ctx, 1)) })
-			_, err := l.Delete(ctx)
-			require.NoError(t, err)
-		}
-	}
-}
-
-// scriptFromDir is alg with its script assembled from the files in dir, as
-// newScript assembles the embedded ones.
-func scriptFromDir(t *testing.T, alg algorithm, dir string) algorithm {
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		require.NoError(t, err)
-		return string(b)
-	}
-	header := fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, MAX_RATES, BURST, BUCKETS = '%s', %d, %t, %t, %d, %t, %t\n",
-		alg.name, len(alg.state), alg.inConfig, alg.records, maxRates, alg.burst, alg.buckets)
-	src := paste(header+read("common.lua")+read("admin.lua"), read("tokenbucket.lua")+"--[[@own_config]]\n--[[@tools]]\n"+read("tools.lua"))
-	s := *alg.script
-	s.src = src
-	sum := sha1.Sum([]byte(src))
-	s.sha = hex.EncodeToString(sum[:])
-	s.shaArg = s.sha
-	alg.script = &s
-	return alg
 }
 
 // The further rates' grants log (several rates, Config.And) coalesces by

@@ -3,23 +3,25 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit"
 )
 
-// runChecks measures what a limiter keeps in Redis (bytes, keys) and how the
-// token bucket's Redis time grows with its log, each on an emptied
-// database, into rep's sections.
+// runChecks measures what a limiter keeps in Redis (bytes, keys) and the
+// token bucket's Redis time per operation against the grants in its window,
+// each on an emptied database, into rep's sections.
 func runChecks(ctx context.Context, e *env, rep *report) error {
 	for _, s := range []struct {
 		name string
 		run  func(context.Context, *env, *report) error
-	}{{"memory", runMemory}, {"keys left", runKeysLeft}, {"keys under load", runLoaded}, {"token bucket log size", runLogSize}} {
+	}{{"memory", runMemory}, {"keys left", runKeysLeft}, {"keys under load", runLoaded}, {"token bucket log", runLogGrants}} {
 		start := time.Now()
 		if err := e.admin.FlushAll(ctx).Err(); err != nil {
 			return err
@@ -229,53 +231,190 @@ func runLoaded(ctx context.Context, e *env, rep *report) error {
 	return nil
 }
 
-// runLogSize measures the token bucket's Redis time per Allow with logs of
-// 10, 1,000 and 100,000 records, granted through the auto-pipeliner. Rate is
-// records + 50 and the interval an hour, so in each batch 50 grants succeed,
-// 50 more are denied with a full log, and Release(50) brings the log back to
-// its size: the figures are the medians over the batches, the three sizes
-// taking turns.
-func runLogSize(ctx context.Context, e *env, rep *report) error {
-	const batch, batches = 50, 15
-	sizes := []int{10, 1000, 100_000}
-	limiters := make([]*redlimit.Limiter, len(sizes))
-	for i, n := range sizes {
-		cfg, name := redlimit.Per(int64(n+batch), time.Hour), fmt.Sprintf("%s:log%d", memoryName, n)
-		limiters[i] = redlimit.New(e.rdb).TokenBucket(name).WithDefault(cfg)
-		filler := redlimit.New(e.ap).TokenBucket(name).WithDefault(cfg)
-		if err := parallel(ctx, 256, n, func(int) error { _, err := filler.Allow(ctx, 1); return err }); err != nil {
+// logSlices is the number of slices of its interval the token bucket's
+// grants coalesce by (scripts/tokenbucket.lua): at most logSlices + 1
+// records in its log, whatever the number of grants.
+const logSlices = 64
+
+// runLogGrants measures the Redis time of every token-bucket operation with
+// 10,000, 100,000 and 1,000,000 single-permit grants in its window of an
+// hour. The grants go through the auto-pipeliner on a clock the benchmark
+// sets, spread over the hour's slices as a steady load would leave them;
+// every operation then runs at the same instant, on that log or on a COPY
+// of it (server-side, not timed), so that an operation that changes the log
+// (Release, SetRate, the first call after the burst aged out) is timed
+// again and again on the same log, and the clock jumps an hour with no
+// wait.
+func runLogGrants(ctx context.Context, e *env, rep *report) error {
+	const warmup, batches, batch = 2, 7, 20
+	sizes := []int{10_000, 100_000, 1_000_000}
+	var clock atomic.Int64 // Unix ns
+	client := redlimit.New(e.rdb, redlimit.WithClock(func() time.Time { return time.Unix(0, clock.Load()) }))
+	filler := redlimit.New(e.ap, redlimit.WithClock(func() time.Time { return time.Unix(0, clock.Load()) }))
+	type op struct {
+		name   string
+		calls  int                                    // per batch: 1 is a single call on a fresh copy
+		at     func(last time.Time) time.Time         // the instant it runs at, from the last slice's
+		run    func(l *redlimit.Limiter, n int) error // n: the grants in the window
+		figure []float64
+	}
+	inWindow := func(last time.Time) time.Time { return last.Add(500 * time.Millisecond) }
+	check := func(_ any, err error) error { return err }
+	ops := []*op{
+		{name: "Allow(1), granted", calls: batch, at: inWindow, run: func(l *redlimit.Limiter, _ int) error {
+			r, err := l.Allow(ctx, 1)
+			if err == nil && !r.Allowed {
+				err = fmt.Errorf("Allow(1) denied, %d remaining", r.Remaining)
+			}
+			return err
+		}},
+		{name: "Allow(Rate), denied: more than is free, so its retry-after waits for every record", calls: batch, at: inWindow, run: func(l *redlimit.Limiter, n int) error {
+			r, err := l.Allow(ctx, logRate(n))
+			if err == nil && r.Allowed {
+				err = fmt.Errorf("Allow(%d) granted", logRate(n))
+			}
+			return err
+		}},
+		{name: "AvailablePermits", calls: batch, at: inWindow, run: func(l *redlimit.Limiter, _ int) error {
+			return check(l.AvailablePermits(ctx))
+		}},
+		{name: "Release(every grant): walks every record", calls: 1, at: inWindow, run: func(l *redlimit.Limiter, n int) error {
+			return l.Release(ctx, int64(n))
+		}},
+		{name: "Allow(1) after the value key was deleted: the log summed again", calls: 1, at: inWindow, run: func(l *redlimit.Limiter, _ int) error {
+			if err := e.rdb.Del(ctx, tokenBucketKeys(l.Name())[1]).Err(); err != nil {
+				return err
+			}
+			return check(l.Allow(ctx, 1))
+		}},
+		{name: "SetRate(Rate × 9/10)", calls: 1, at: inWindow, run: func(l *redlimit.Limiter, n int) error {
+			return l.SetRate(ctx, redlimit.PerHour(logRate(n)*9/10))
+		}},
+		{name: "the first TryAcquire(1) after the burst aged out: drops every record", calls: 1,
+			at: func(last time.Time) time.Time { return last.Add(time.Hour + time.Second) },
+			run: func(l *redlimit.Limiter, _ int) error {
+				ok, err := l.TryAcquire(ctx, 1)
+				if err == nil && !ok {
+					err = errors.New("TryAcquire(1) denied")
+				}
+				return err
+			}},
+	}
+	records := []any{"records in the log after the grants", "–"}
+	header := "| operation | calls per batch |"
+	for _, n := range sizes {
+		start := time.Now()
+		name := fmt.Sprintf("bench:tb:%d", n)
+		cfg := redlimit.PerHour(logRate(n))
+		if err := client.TokenBucket(name).SetRate(ctx, cfg); err != nil {
 			return err
 		}
-	}
-	usecs := make([][2][]float64, len(sizes)) // grants, denials
-	for range batches {
-		for i, l := range limiters {
-			for _, granted := range []bool{true, false} {
+		// Slices of the interval as the script cuts them, from the next one
+		// on the wall clock; slice k gets its share of n at its start.
+		q := (cfg.Interval.Milliseconds() + logSlices - 1) / logSlices
+		first := (time.Now().UnixMilli()/q + 1) * q
+		f := filler.TokenBucket(name)
+		for k := range logSlices {
+			clock.Store(time.UnixMilli(first + int64(k)*q).UnixNano())
+			err := parallel(ctx, 256, n*(k+1)/logSlices-n*k/logSlices, func(int) error {
+				ok, err := f.TryAcquire(ctx, 1)
+				if err == nil && !ok {
+					err = errors.New("a grant of the fill denied")
+				}
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("%d grants, slice %d: %w", n, k, err)
+			}
+		}
+		last := time.UnixMilli(first + (logSlices-1)*q)
+		held, err := e.admin.ZCard(ctx, tokenBucketKeys(name)[2]).Result()
+		if err != nil {
+			return err
+		}
+		records = append(records, fmtRate(float64(held)))
+		header += fmt.Sprintf(" %s grants |", fmtRate(float64(n)))
+		log("token bucket: %s grants in %v, %d records", fmtRate(float64(n)), time.Since(start).Round(time.Millisecond), held)
+
+		for _, o := range ops {
+			var usecs []float64
+			// The first batches warm up: in every trial run, the first
+			// two Releases took 4 to 10 times as long as the rest, and
+			// the first batch of Allow(1) twice as long.
+			for b := range warmup + batches {
+				l := client.TokenBucket(name)
+				if o.calls == 1 {
+					copied := fmt.Sprintf("%s:copy%d", name, b)
+					for k, src := range tokenBucketKeys(name) {
+						if err := e.admin.Copy(ctx, src, tokenBucketKeys(copied)[k], 0, true).Err(); err != nil {
+							return fmt.Errorf("COPY %s: %w", src, err)
+						}
+					}
+					l = client.TokenBucket(copied)
+					// A single call starts on a collected Lua heap, so that
+					// it does not pay for the garbage of the calls before it.
+					if err := e.admin.Eval(ctx, "collectgarbage('collect') return 1", nil).Err(); err != nil {
+						return err
+					}
+				}
+				clock.Store(o.at(last).UnixNano())
 				if err := e.admin.ConfigResetStat(ctx).Err(); err != nil {
 					return err
 				}
-				for range batch {
-					if r, err := l.Allow(ctx, 1); err != nil || r.Allowed != granted {
-						return fmt.Errorf("%d records: allowed %v (%v), want %v", sizes[i], r.Allowed, err, granted)
+				for range o.calls {
+					if err := o.run(l, n); err != nil {
+						return fmt.Errorf("%d grants, %s: %w", n, o.name, err)
 					}
 				}
-				_, usec, err := evalshaStats(ctx, e.admin)
+				calls, usec, err := evalshaStats(ctx, e.admin)
 				if err != nil {
 					return err
+				} else if calls != int64(o.calls) {
+					return fmt.Errorf("%d grants, %s: %d EVALSHA, want %d", n, o.name, calls, o.calls)
 				}
-				usecs[i][b2u(!granted)] = append(usecs[i][b2u(!granted)], usec)
+				if b >= warmup {
+					usecs = append(usecs, usec)
+				}
 			}
-			if err := l.Release(ctx, batch); err != nil {
-				return err
-			}
+			o.figure = append(o.figure, median(usecs))
+			log("token bucket: %s grants, %s: %.2f µs (batches %v)", fmtRate(float64(n)), o.name, median(usecs), usecs)
 		}
 	}
-	s := rep.section("Token bucket: Redis time against the size of its log",
-		"Interval 1h, Rate = records + 50. Then 15 batches, the sizes taking turns: 50 grants, 50 denials\n"+
-			"on the full log, Release(50); medians of the batches' Redis µs per call.",
-		"| records in the log | Redis µs per grant | Redis µs per denial |\n|--:|--:|--:|")
-	for i, n := range sizes {
-		s.row(fmtRate(float64(n)), median(usecs[i][0]), median(usecs[i][1]))
+	s := rep.section("Token bucket: Redis time against the grants in its window",
+		fmt.Sprintf("`PerHour(Rate)`, Rate = grants × 5/4, stored with SetRate; the grants, of one permit each, spread\n"+
+			"evenly over the %d slices of the hour that the log coalesces by (the benchmark sets the limiter's\n"+
+			"clock with `WithClock`, so filling the window takes no hour). Every operation then runs half a\n"+
+			"second into the last slice (the first TryAcquire an hour and a second later). Redis µs per call:\n"+
+			"`usec_per_call` of `cmdstat_evalsha`, reset before each batch, the median of %d batches. A batch of\n"+
+			"%d calls runs on the filled log itself; a batch of 1 is a single call, on a fresh COPY of the filled\n"+
+			"keys (not timed) since it changes the log, and after a full Lua garbage collection (not timed), so\n"+
+			"that it does not pay for the garbage of the calls before it: single calls are noisier (a median of\n"+
+			"%d single calls). Each operation's first %d batches warm up and are not counted.",
+			logSlices, batches, batch, batches, warmup),
+		header+"\n|---|--:|"+strings.Repeat("--:|", len(sizes)))
+	s.row(records...)
+	for _, o := range ops {
+		s.row(append([]any{o.name, o.calls}, toAny(o.figure)...)...)
 	}
 	return nil
+}
+
+// logRate is the rate of the limiter holding n grants: above them, with
+// room for the grants the batches add.
+func logRate(n int) int64 { return int64(n) * 5 / 4 }
+
+// tokenBucketKeys are the keys of the token bucket named name (a name
+// without braces) in Redisson's layout: its config hash, the value key and
+// the log.
+func tokenBucketKeys(name string) [3]string {
+	return [3]string{name, "{" + name + "}:value", "{" + name + "}:permits"}
+}
+
+// toAny is xs as row cells.
+func toAny[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
 }
