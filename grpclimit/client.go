@@ -80,7 +80,7 @@ func wait[L interface {
 	err := limiter.Acquire(ctx, o.permits(ctx, method, req))
 	switch {
 	case err == nil:
-		o.decided()
+		o.breakerRun.Decided()
 		return nil
 	case ctx.Err() != nil || errors.Is(err, redlimit.ErrMisconfigured) || errors.Is(err, redlimit.ErrUnavailable):
 		return o.failed(ctx, method, err)

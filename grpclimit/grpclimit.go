@@ -46,7 +46,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -56,6 +55,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/breakerrun"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
@@ -165,9 +165,8 @@ type clientOptions struct {
 	open    FailOpen
 	hook    ErrorHook
 
-	// breakerTold: the latest error ErrorHook was told of is ErrBreakerOpen,
-	// with nothing else since. See ErrorHook.
-	breakerTold atomic.Bool
+	// breakerRun: a run of ErrBreakerOpen is told once. See ErrorHook.
+	breakerRun breakerrun.Run
 }
 
 func (o KeyFunc) apply(opts *options)           { opts.key = o }
@@ -281,7 +280,7 @@ func decide[L interface {
 	}
 	res, err := limiter.Allow(ctx, o.permits(ctx, method, req))
 	if err == nil {
-		o.decided()
+		o.breakerRun.Decided()
 	}
 	if err != nil || ctx.Err() != nil {
 		// A caller gone (or out of time) by the time of the answer gets no
@@ -327,21 +326,8 @@ func (o *clientOptions) report(ctx context.Context, method string, err error) {
 	if o.hook == nil {
 		return
 	}
-	if errors.Is(err, redlimit.ErrBreakerOpen) {
-		if o.breakerTold.Swap(true) {
-			return // told of this run already
-		}
-	} else {
-		o.breakerTold.Store(false)
-	}
-	o.hook(ctx, method, err)
-}
-
-// decided ends a run of ErrBreakerOpen: the breaker closed, whoever closed
-// it. A load first, so that decisions cost no write to shared memory.
-func (o *clientOptions) decided() {
-	if o.breakerTold.Load() {
-		o.breakerTold.Store(false)
+	if o.breakerRun.Tell(err) {
+		o.hook(ctx, method, err)
 	}
 }
 

@@ -60,10 +60,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/breakerrun"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
@@ -95,9 +95,8 @@ type options struct {
 	now     Clock
 
 	name string // the policy name as an sf-string
-	// breakerTold: the latest error ErrorHook was told of is ErrBreakerOpen,
-	// with nothing else since. See ErrorHook.
-	breakerTold atomic.Bool
+	// breakerRun: a run of ErrBreakerOpen is told once. See ErrorHook.
+	breakerRun breakerrun.Run
 }
 
 // KeyFunc names the client a request counts against: the limiter used is
@@ -270,7 +269,7 @@ func New[L interface {
 			}
 			d.Result, d.Err = limiter.Allow(r.Context(), o.permits(r))
 			if d.Err == nil {
-				o.decided()
+				o.breakerRun.Decided()
 			}
 			switch {
 			case r.Context().Err() != nil:
@@ -326,21 +325,8 @@ func (o *options) report(r *http.Request, err error) {
 	if o.hook == nil {
 		return
 	}
-	if errors.Is(err, redlimit.ErrBreakerOpen) {
-		if o.breakerTold.Swap(true) {
-			return // told of this run already
-		}
-	} else {
-		o.breakerTold.Store(false)
-	}
-	o.hook(r, err)
-}
-
-// decided ends a run of ErrBreakerOpen: the breaker closed, whoever closed
-// it. A load first, so that decisions cost no write to shared memory.
-func (o *options) decided() {
-	if o.breakerTold.Load() {
-		o.breakerTold.Store(false)
+	if o.breakerRun.Tell(err) {
+		o.hook(r, err)
 	}
 }
 
