@@ -102,9 +102,6 @@ func allScripts(t *testing.T) string {
 // never with another error and never granting, and the error names the
 // command Redis refused.
 func TestLeastPrivilegeACL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a server and sweeps every operation once per command")
-	}
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
