@@ -17,43 +17,6 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-// heldDecision holds each EVALSHA until the call's context ends: the caller
-// leaves while the decision is in flight. ran: the script runs first, and
-// its answer (a grant) comes back after the caller left; otherwise the call
-// ends with the context's error, as go-redis's does when it gives up waiting
-// for a connection of its pool.
-type heldDecision struct {
-	ran     bool
-	arrived chan struct{}
-}
-
-func (h *heldDecision) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *heldDecision) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h *heldDecision) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() != "evalsha" {
-			return next(ctx, cmd)
-		}
-		var err error
-		if h.ran {
-			err = next(ctx, cmd)
-		}
-		h.arrived <- struct{}{}
-		select {
-		case <-ctx.Done():
-		case <-time.After(10 * time.Second): // the test fails below
-		}
-		if !h.ran {
-			err = ctx.Err()
-			cmd.SetErr(err)
-		}
-		return err
-	}
-}
-
 // TestCallerGoneMidDecision: a caller that cancels its call while the call
 // is being decided never gets the handler run, unary or stream, on a Client
 // made WithFailOpen and with FailOpen: a caller that is gone is not an
@@ -62,7 +25,7 @@ func TestCallerGoneMidDecision(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		for _, ran := range []bool{false, true} {
 			rdb := newRDB()
-			hook := &heldDecision{ran: ran, arrived: make(chan struct{}, 1)}
+			hook := redistest.NewHeldDecision(ran)
 			rdb.AddHook(hook)
 			client := redlimit.New(rdb, redlimit.WithFailOpen())
 			name := redistest.UniqueName(t, "grpclimit-test:")
@@ -111,7 +74,7 @@ func TestCallerGoneMidDecision(t *testing.T) {
 					done <- err
 				}()
 				select {
-				case <-hook.arrived:
+				case <-hook.Arrived():
 				case <-time.After(10 * time.Second):
 					t.Fatal("the decision never reached Redis")
 				}

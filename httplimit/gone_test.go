@@ -1,7 +1,6 @@
 package httplimit_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"net/http"
@@ -17,43 +16,6 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-// heldDecision holds each EVALSHA until the request's context ends: the
-// client leaves while the decision is in flight. ran: the script runs
-// first, and its answer (a grant) comes back after the client left;
-// otherwise the call ends with the context's error, as go-redis's does
-// when it gives up waiting for a connection of its pool.
-type heldDecision struct {
-	ran     bool
-	arrived chan struct{}
-}
-
-func (h *heldDecision) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *heldDecision) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h *heldDecision) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() != "evalsha" {
-			return next(ctx, cmd)
-		}
-		var err error
-		if h.ran {
-			err = next(ctx, cmd)
-		}
-		h.arrived <- struct{}{}
-		select {
-		case <-ctx.Done():
-		case <-time.After(10 * time.Second): // the test fails below
-		}
-		if !h.ran {
-			err = ctx.Err()
-			cmd.SetErr(err)
-		}
-		return err
-	}
-}
-
 // TestClientGoneMidDecision: a client that closes its connection while its
 // request is being decided (net/http then cancels the request's context)
 // never gets the handler run, on a Client made WithFailOpen and with
@@ -63,7 +25,7 @@ func TestClientGoneMidDecision(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		for _, ran := range []bool{false, true} {
 			rdb := newRDB()
-			hook := &heldDecision{ran: ran, arrived: make(chan struct{}, 1)}
+			hook := redistest.NewHeldDecision(ran)
 			rdb.AddHook(hook)
 			client := redlimit.New(rdb, redlimit.WithFailOpen())
 			name := uniqueName(t)
@@ -85,7 +47,7 @@ func TestClientGoneMidDecision(t *testing.T) {
 					t.Fatal(err)
 				}
 				select {
-				case <-hook.arrived:
+				case <-hook.Arrived():
 				case <-time.After(10 * time.Second):
 					t.Fatal("the decision never reached Redis")
 				}
