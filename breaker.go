@@ -11,7 +11,8 @@ import (
 )
 
 // WithBreaker makes the Client fail fast while Redis is down. After failures
-// calls in a row end in ErrUnavailable, every call ends at once, without
+// decisions in a row end in ErrUnavailable (a batch's call that fails
+// counts each of its decisions), every call ends at once, without
 // asking Redis, in ErrUnavailable (wrapping ErrBreakerOpen and the last
 // failure) for coolDown. Then one call goes to Redis as a probe while the
 // others still fail fast: if Redis answers, calls flow again; if not, another
@@ -85,8 +86,9 @@ func (b *breaker) enter() (pass, error) {
 	return p, nil
 }
 
-// leave records the outcome of a call that went to Redis.
-func (b *breaker) leave(p pass, err error) {
+// leave records the outcome of a call that went to Redis, deciding
+// decisions requests (a batch's, or one).
+func (b *breaker) leave(p pass, err error, decisions int) {
 	if b == nil {
 		return
 	}
@@ -106,7 +108,7 @@ func (b *breaker) leave(p pass, err error) {
 			b.mu.Unlock()
 			return
 		}
-		if b.failed.Add(1) >= b.failures && !b.open.Load() {
+		if b.failed.Add(int64(decisions)) >= b.failures && !b.open.Load() {
 			b.mu.Lock()
 			if !b.open.Load() {
 				b.until, b.cause = b.now().Add(b.coolDown), err

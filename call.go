@@ -148,7 +148,13 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 			args = append(args, other)
 		}
 	}
-	reply, err := c.run(ctx, l.alg.script, keys, args)
+	var reply any
+	var err error
+	if decision {
+		reply, err = c.decision(ctx, l.alg.script, keys, args)
+	} else {
+		reply, err = c.run(ctx, l.alg.script, keys, args)
+	}
 	clear(args)
 	*pooled = args[:0]
 	argsPool.Put(pooled)

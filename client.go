@@ -24,6 +24,7 @@ type Client struct {
 	sleep       func(ctx context.Context, d time.Duration) error
 	loads       sync.Map // *script → *scriptLoad, see Client.reload
 	breaker     *breaker // nil unless WithBreaker
+	batches     batches  // see batch.go
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any
@@ -102,6 +103,7 @@ func New(rdb redis.Scripter, opts ...Option) *Client {
 		opt(c)
 	}
 	c.clientIDArg, c.retryWindowArg = c.clientID, ""
+	c.batches.route(rdb)
 	if c.retryWindow > 0 {
 		c.retryWindowArg = c.retryWindow.Milliseconds()
 	}

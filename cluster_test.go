@@ -47,7 +47,8 @@ func hammerUntil(ctx context.Context, limiters []*Limiter, callers int, stop <-c
 }
 
 // clusterChange runs change on a dedicated cluster while 32 callers hammer
-// one limiter of each algorithm whose keys live in slot. Each limiter grants
+// one limiter of each algorithm whose keys live in slot, through one Client,
+// so that their decisions go in batches. Each limiter grants
 // 300 permits an hour, far fewer than asked for: every one must be granted,
 // and not one more, across the change.
 func clusterChange(t *testing.T, change func(c *redistest.Cluster, slot int)) {
@@ -56,9 +57,10 @@ func clusterChange(t *testing.T, change func(c *redistest.Cluster, slot int)) {
 	rdb := cluster.Client(t)
 	const slot, rate = 4242, 300
 	var limiters []*Limiter
+	client := New(rdb) // one Client: the callers' decisions go in batches of the slot
 	for _, a := range algorithms {
 		name := redistest.HashTagForSlot(slot) + a.name
-		limiters = append(limiters, a.new(New(rdb), name).WithDefault(PerHour(rate)))
+		limiters = append(limiters, a.new(client, name).WithDefault(PerHour(rate)))
 	}
 	stop := make(chan struct{})
 	granted, errs := hammerUntil(ctx, limiters, 32, stop)
@@ -75,6 +77,9 @@ func clusterChange(t *testing.T, change func(c *redistest.Cluster, slot int)) {
 		assertAvailable(t, l, 0, "%s: every permit was granted", l.Name())
 	}
 	assert.Equal(t, int64(rate*len(limiters)), granted.Load(), "exactly the limit, across the change")
+	calls, decisions := client.batches.stats()
+	t.Logf("%d decisions in %d batches", decisions, calls)
+	assert.NotZero(t, calls, "batches formed")
 }
 
 // The new primary after a failover has no scripts (the script cache is not

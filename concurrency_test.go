@@ -119,8 +119,14 @@ type timeHook struct {
 
 func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		s, ok := ctx.Value(stampKey{}).(*stamp)
-		if !ok || cmd.Name() != "evalsha" {
+		// A batch's call stamps each of its callers.
+		var stamps []*stamp
+		for _, member := range append(membersOf(ctx), ctx) {
+			if s, ok := member.Value(stampKey{}).(*stamp); ok {
+				stamps = append(stamps, s)
+			}
+		}
+		if len(stamps) == 0 || cmd.Name() != "evalsha" {
 			return next(ctx, cmd)
 		}
 		key, _ := cmd.Args()[3].(string) // evalsha sha numkeys key...
@@ -143,7 +149,9 @@ func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(err)
 			return err
 		}
-		s.before, s.after = before.Val().UnixMicro(), after.Val().UnixMicro()
+		for _, s := range stamps {
+			s.before, s.after = before.Val().UnixMicro(), after.Val().UnixMicro()
+		}
 		return nil
 	}
 }
@@ -237,6 +245,7 @@ func runChild(spec childSpec) (*childReport, error) {
 	tail := time.Since(time.UnixMicro(spec.Stop))
 
 	report := &childReport{Late: late, Tail: tail}
+	report.Batches, report.Batched = client.batches.stats()
 	for _, tl := range tallies {
 		report.Decisions = append(report.Decisions, tl.decisions...)
 		for _, err := range tl.errs {
@@ -258,6 +267,16 @@ type childReport struct {
 	Slowest   time.Duration // the longest call
 	Late      time.Duration // the latest start past Start (negative: early)
 	Tail      time.Duration // how long past Stop the calls in flight took
+	// Batches sent, and the decisions they held (the others went alone).
+	Batches, Batched int64
+}
+
+// batchesFormed logs the batches the children sent and requires that some
+// formed, so that the exactness checked covers batched decisions.
+func batchesFormed(t *testing.T, r childReport) {
+	t.Helper()
+	require.NotZero(t, r.Batches, "no batch formed")
+	t.Logf("%d of %d decisions in %d batches, %.1f each", r.Batched, len(r.Decisions), r.Batches, float64(r.Batched)/float64(r.Batches))
 }
 
 // add merges a child's report into r.
@@ -268,6 +287,8 @@ func (r *childReport) add(child childReport) {
 	r.Slowest = max(r.Slowest, child.Slowest)
 	r.Late = max(r.Late, child.Late)
 	r.Tail = max(r.Tail, child.Tail)
+	r.Batches += child.Batches
+	r.Batched += child.Batched
 }
 
 // of returns the decisions of limiter i.
@@ -334,6 +355,7 @@ func TestExactnessUnderConcurrency(t *testing.T) {
 						require.Zero(t, report.Errors, "errors in the children: %v", report.First)
 						t.Logf("run %d: %v; the latest child ready %v before the start, calls done %v after the stop; slowest call %v",
 							attempt, time.Since(began).Round(time.Millisecond), -report.Late.Round(time.Millisecond), report.Tail.Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
+						batchesFormed(t, report)
 						bound := true
 						for i := range names {
 							grants, denials := checkExactness(t, a, cfg, spec, report.of(i))
@@ -663,6 +685,7 @@ func multiRateRuns(t *testing.T, b concBackend, defaults bool) {
 		report := runChildren(t, spec)
 		require.Zero(t, report.Errors, "errors in the children: %v", report.First)
 		t.Logf("run %d: %v; slowest call %v", attempt, time.Since(began).Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
+		batchesFormed(t, report)
 		time.Sleep(200 * time.Millisecond) // every first rate is full again
 		proved := true
 		for i, a := range algorithms {

@@ -77,6 +77,40 @@ func (h *commandLog) record(cmd redis.Cmder) {
 	if script != "" {
 		h.counts[script]++
 	}
+	for _, alg := range requestsOf(args) {
+		h.counts["requests "+alg]++
+	}
+}
+
+// scriptsByAlgorithm maps each algorithm's script to its name.
+var scriptsByAlgorithm = map[string]string{
+	tokenBucket.script.sha: tokenBucket.name, funnel.script.sha: funnel.name,
+	fixedWindow.script.sha: fixedWindow.name, slidingWindow.script.sha: slidingWindow.name,
+}
+
+// requestsOf lists the algorithm of each request an EVALSHA's args carry:
+// one for an algorithm's script, each of a batch's. commandLog counts them
+// as "requests <algorithm>".
+func requestsOf(args []any) []string {
+	if len(args) < 3 || args[0] != "evalsha" {
+		return nil
+	}
+	sha, _ := args[1].(string)
+	if alg, ok := scriptsByAlgorithm[sha]; ok {
+		return []string{alg}
+	}
+	n, _ := args[2].(int)
+	if sha != batchScript.sha || len(args) < 3+n+2 {
+		return nil
+	}
+	var algs []string
+	for i := 3 + n + 2; i+2 < len(args); {
+		alg, _ := args[i].(string)
+		na, _ := args[i+2].(int)
+		algs = append(algs, alg)
+		i += 3 + na
+	}
+	return algs
 }
 
 func (h *commandLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {

@@ -322,7 +322,7 @@ func TestBreakerSteps(t *testing.T) {
 	pass, err := c.breaker.enter()
 	require.NoError(t, err)
 	require.True(t, pass.probe)
-	c.breaker.leave(pass, scriptError(cancelled, context.Canceled, nil))
+	c.breaker.leave(pass, scriptError(cancelled, context.Canceled, nil), 1)
 	reached, _ = call()
 	assert.True(t, reached, "the next call is the probe")
 }
@@ -332,7 +332,17 @@ func TestBreakerSteps(t *testing.T) {
 // 1.7 s). With the breaker, calls during the outage are answered in
 // microseconds, fail-open ones granted; once the server is back, the first
 // probe that finds it brings every caller back.
+//
+// Batched, only batchCalls calls of a Client are in flight: the callers
+// queued behind them wait, and go to the dead server in one batch, whose
+// failure counts each of its decisions; the breaker opens once that batch
+// fails, and the outage lasts long enough for it.
 func TestBreakerOutage(t *testing.T) {
+	t.Run("alone", func(t *testing.T) { breakerOutage(t, false, 2500*time.Millisecond) })
+	t.Run("batched", func(t *testing.T) { breakerOutage(t, true, 5*time.Second) })
+}
+
+func breakerOutage(t *testing.T, batching bool, outage time.Duration) {
 	const coolDown, callers, failures = 300 * time.Millisecond, 16, 5
 	ctx := context.Background()
 	srv := redistest.Start(t)
@@ -349,8 +359,12 @@ func TestBreakerOutage(t *testing.T) {
 			mu.Unlock()
 		})
 	}
-	closedClient := New(rdb, WithBreaker(failures, coolDown), observe(false))
-	openClient := New(rdb, WithBreaker(failures, coolDown), WithFailOpen(), observe(true))
+	opts := []Option{WithBreaker(failures, coolDown)}
+	if !batching {
+		opts = append(opts, WithoutBatching())
+	}
+	closedClient := New(rdb, append(opts, observe(false))...)
+	openClient := New(rdb, append(opts, WithFailOpen(), observe(true))...)
 	var limiters []*Limiter
 	for _, a := range algorithms {
 		name := uniqueName(t) + "-" + a.name
@@ -379,7 +393,7 @@ func TestBreakerOutage(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	require.NoError(t, srv.Kill())
 	killed := time.Since(start)
-	time.Sleep(2500 * time.Millisecond) // go-redis's retries of the first calls, then the breaker
+	time.Sleep(outage) // go-redis's retries of the first calls, then the breaker
 	srv.Restart(t)
 	restarted := time.Since(start)
 	// Back within a second or so: a probe must find the server, and go-redis's
@@ -423,7 +437,13 @@ func TestBreakerOutage(t *testing.T) {
 		// callers may be in a call to the dead server, and then each
 		// cool-down lets one probe through.
 		probes := int((restarted-killed)/coolDown) + 1
-		assert.LessOrEqual(t, len(dead), failures+callers/2+probes, "calls that went to the dead server")
+		bound := failures + callers/2 + probes
+		if batching {
+			// Each of the batchCalls calls in flight, and each probe, may
+			// carry a decision of every one of the Client's callers.
+			bound = failures + (batchCalls+probes)*callers/2
+		}
+		assert.LessOrEqual(t, len(dead), bound, "calls that went to the dead server")
 		for _, c := range dead {
 			assert.ErrorIs(t, c.err, ErrUnavailable)
 		}

@@ -27,6 +27,8 @@ type script struct {
 	src    string
 	sha    string
 	shaArg any // sha, boxed once: an EVALSHA's argument
+	// nameArg is name, boxed once: a batch's requests name their algorithm.
+	nameArg any
 }
 
 // newScript assembles the script of a, whose sections are in file.
@@ -43,9 +45,36 @@ func newScript(a algorithm, file string) *script {
 	}
 	tools := "--[[@tools]]\n" + readScript("tools.lua")
 	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own+tools)
+	return scriptOf(a.name, src)
+}
+
+func scriptOf(name, src string) *script {
 	sum := sha1.Sum([]byte(src))
 	sha := hex.EncodeToString(sum[:])
-	return &script{name: a.name, src: src, sha: sha, shaArg: sha}
+	return &script{name: name, src: src, sha: sha, shaArg: sha, nameArg: name}
+}
+
+// The lines of common.lua that begin and end what a batch's script holds
+// once per algorithm: the decision and what it uses.
+const batchBegins, batchEnds = "-- >>>", "-- <<<"
+
+// newBatchScript assembles scripts/batch.lua over the decisions of algs:
+// common.lua's start (the call's clock), then, for each algorithm, a
+// function making its decide from its header and the part of its script
+// that the batch markers enclose.
+func newBatchScript(algs ...algorithm) *script {
+	common := readScript("common.lua")
+	var b strings.Builder
+	b.WriteString(common[:strings.Index(common, batchBegins)])
+	b.WriteString("local makers = {}\n")
+	for _, a := range algs {
+		src := a.script.src
+		header, _, _ := strings.Cut(src, "\n")
+		begin, end := strings.Index(src, batchBegins), strings.Index(src, batchEnds)
+		fmt.Fprintf(&b, "makers['%s'] = function()\n%s\n%s\nreturn decide\nend\n\n", a.name, header, src[begin:end])
+	}
+	b.WriteString(readScript("batch.lua"))
+	return scriptOf("batch", b.String())
 }
 
 func readScript(name string) string {
@@ -95,12 +124,18 @@ func paste(skeleton, algorithm string) string {
 // run executes s: the one road from every method to Redis. With WithBreaker,
 // the breaker may answer instead, and learns from the outcome.
 func (c *Client) run(ctx context.Context, s *script, keys, args []any) (any, error) {
+	return c.runDeciding(ctx, 1, s, keys, args)
+}
+
+// runDeciding is run for a call that holds decisions requests: the
+// breaker counts each.
+func (c *Client) runDeciding(ctx context.Context, decisions int, s *script, keys, args []any) (any, error) {
 	pass, err := c.breaker.enter()
 	if err != nil {
 		return nil, err
 	}
 	reply, err := c.evalSha(ctx, s, keys, args)
-	c.breaker.leave(pass, err)
+	c.breaker.leave(pass, err, decisions)
 	return reply, err
 }
 

@@ -269,25 +269,41 @@ func TestReloadIsSingleFlight(t *testing.T) {
 		if _, ok := rdb.(*redis.Client); !ok {
 			t.Skip("one server: a cluster loads every shard in one ScriptLoad")
 		}
-		ctx := context.Background()
-		log := &commandLog{}
-		logged := recorded(t, rdb, log)
-		c := newClient(logged, newClock())
-		l := c.FixedWindow(uniqueName(t)).WithDefault(Per(1000, time.Minute))
-		_, err := l.Allow(ctx, 1) // loaded once
-		require.NoError(t, err)
-		scriptFlush(t, rdb)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for range 32 {
-			wg.Go(func() {
-				<-start
-				_, err := l.Allow(ctx, 1)
-				assert.NoError(t, err)
+		for _, batching := range []bool{false, true} {
+			t.Run(fmt.Sprintf("batching=%v", batching), func(t *testing.T) {
+				ctx := context.Background()
+				log := &commandLog{}
+				logged := recorded(t, rdb, log)
+				var opts []Option
+				if !batching {
+					opts = append(opts, WithoutBatching())
+				}
+				c := newClient(logged, newClock(), opts...)
+				l := c.FixedWindow(uniqueName(t)).WithDefault(Per(1000, time.Minute))
+				_, err := l.Allow(ctx, 1) // loaded once
+				require.NoError(t, err)
+				loaded := log.count("script load " + fixedWindow.script.sha)
+				scriptFlush(t, rdb)
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for range 32 {
+					wg.Go(func() {
+						<-start
+						_, err := l.Allow(ctx, 1)
+						assert.NoError(t, err)
+					})
+				}
+				close(start)
+				wg.Wait()
+				if !batching {
+					assert.Equal(t, 2, log.count("script load"), "one load before the flush, one after: %v", log.sent())
+					return
+				}
+				// The first callers go alone, the others in batches: each
+				// script is loaded once after the flush.
+				assert.Equal(t, loaded+1, log.count("script load "+fixedWindow.script.sha), "one load after the flush: %v", log.sent())
+				assert.Equal(t, 1, log.count("script load "+batchScript.sha), "one load after the flush: %v", log.sent())
 			})
 		}
-		close(start)
-		wg.Wait()
-		assert.Equal(t, 2, log.count("script load"), "one load before the flush, one after: %v", log.sent())
 	})
 }

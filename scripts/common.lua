@@ -114,12 +114,14 @@ else
   NOW_US = ARGV[2] + 0
 end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
-local op, LOG = ARGV[1], ARGV[6] ~= nil and ARGV[6] ~= ''
+local op = ARGV[1]
+
+-- >>> A batch's script (script.go's batchScript) holds what follows, up to
+-- the decision's end, once per algorithm, and runs each request's decision
+-- on its own keys and arguments: nothing here may read KEYS or ARGV but
+-- the decision, which is given them.
 local REGISTRY = IN_CONFIG and 2 or N + 2
 local REQUESTS = REGISTRY + 1
-local rate, interval, kind, burst, buckets, keepalive, stored
--- K: the suffix of a rate's state fields, '' for the config's own rate.
-local K = ''
 -- A string in KEYS[1] is a flat state or a marker (see the decision), and
 -- tells the algorithm that wrote it: a marker is the algorithm's name, and
 -- each flat state has its own shape (its encode section), so no tag is
@@ -131,30 +133,42 @@ local K = ''
 local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_window' and '^[^ ]*$'
     or ALGORITHM == 'sliding_window' and '^[^:]*$' or ''
 
--- A client re-sends a script whose reply it did not read (go-redis does on a
--- read timeout). Counting it twice only denies sooner, so by default nothing
--- guards against it. With WithRetryWindow (LOG), the request log remembers
--- each request id for the window: first_run both checks and records the id,
--- and is false for a re-run, whose grant is counted already. (The token
--- bucket's records hold the id of their latest grant too: see its file.)
-local first_run = LOG and function()
-  local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[6], ARGV[5])
-  if type(added) == 'table' then
-    error('REDLIMIT corrupt ' .. KEYS[REQUESTS] .. ': ' .. added.err, 0)
-  end
-  if added == 0 then
-    return false
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[REQUESTS], '-inf', NOW_MS)
-  redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[6])
-  return true
-end
-
 --[[@helpers]]
 
--- The decision (allow) and its inverse (release). A config that is missing
--- or fails a check here goes on to admin.lua, which says what is wrong.
-if op == 'allow' or op == 'release' then
+-- The decision (allow) and its inverse (release), on a request's KEYS and
+-- ARGV: its reply, or nil for a config that is missing or fails a check
+-- here, which goes on to admin.lua, to say what is wrong.
+local function decide(KEYS, ARGV)
+  -- A batch's requests each carry their clock, or '' for the call's.
+  local NOW_US, NOW_MS = NOW_US, NOW_MS
+  if ARGV[2] ~= '' then
+    NOW_US = ARGV[2] + 0
+    NOW_MS = (NOW_US - NOW_US % 1000) / 1000
+  end
+  local op, LOG = ARGV[1], ARGV[6] ~= nil and ARGV[6] ~= ''
+  local rate, interval, kind, burst, buckets, keepalive, stored
+  -- K: the suffix of a rate's state fields, '' for the config's own rate.
+  local K = ''
+
+  -- A client re-sends a script whose reply it did not read (go-redis does on a
+  -- read timeout). Counting it twice only denies sooner, so by default nothing
+  -- guards against it. With WithRetryWindow (LOG), the request log remembers
+  -- each request id for the window: first_run both checks and records the id,
+  -- and is false for a re-run, whose grant is counted already. (The token
+  -- bucket's records hold the id of their latest grant too: see its file.)
+  local first_run = LOG and function()
+    local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[6], ARGV[5])
+    if type(added) == 'table' then
+      error('REDLIMIT corrupt ' .. KEYS[REQUESTS] .. ': ' .. added.err, 0)
+    end
+    if added == 0 then
+      return false
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[REQUESTS], '-inf', NOW_MS)
+    redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[6])
+    return true
+  end
+
   -- KEYS[1] is a hash, or, for an IN_CONFIG algorithm, a flat state: while
   -- no config is stored, the Overall state as a plain string (each rate's
   -- as its encode section writes it), which GET reads and SET … PX writes
@@ -532,3 +546,14 @@ if op == 'allow' or op == 'release' then
     return string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
   end
 end
+-- <<< The decision's end.
+
+if op == 'allow' or op == 'release' then
+  local reply = decide(KEYS, ARGV)
+  if reply ~= nil then
+    return reply
+  end
+end
+-- admin.lua's ops set these as the decision does its own.
+local rate, interval, kind, burst, buckets, keepalive, stored
+local K = ''

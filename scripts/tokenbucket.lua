@@ -51,11 +51,11 @@ local function sum(log, records, step, need)
   return total, nil
 end
 
--- record is the log's member for a grant of permits by this request, or,
--- given head (0x10 and an id), for that id.
+-- record is the log's member for a grant of permits by the request whose
+-- head (0x10 and its id) is given.
 local function record(permits, head)
   local p = permits
-  return (head or '\16' .. ARGV[5]) .. string.char(p % 256, (p - p % 256) / 256 % 256,
+  return head .. string.char(p % 256, (p - p % 256) / 256 % 256,
     (p - p % 65536) / 65536 % 256, (p - p % 16777216) / 16777216 % 256)
 end
 
@@ -69,21 +69,21 @@ local function slice(log, now, interval)
   return newest[1], newest[2] and tonumber(newest[2]), start
 end
 
--- sent says whether this request's grant is the newest record up to now's
--- slice: a re-sent script, whose first run was granted (see the top).
-local function sent(log, now, interval)
+-- sent says whether the grant of request id is the newest record up to
+-- now's slice: a re-sent script, whose first run was granted (see the top).
+local function sent(log, now, interval, id)
   local member = slice(log, now, interval)
-  return member ~= nil and string.sub(member, 2, 17) == ARGV[5]
+  return member ~= nil and string.sub(member, 2, 17) == id
 end
 
--- ttl is a state key's TTL for reset µs, in whole ms rounded up. When capped
--- (a stored config that expires: Expire, ExpireAt), no state key outlives
--- the config.
-local function ttl(reset, capped)
+-- ttl is a state key's TTL for reset µs, in whole ms rounded up. Given the
+-- config's key when it is stored and may expire (Expire, ExpireAt), no state
+-- key outlives the config.
+local function ttl(reset, config)
   local ms = (reset + (-reset) % 1000) / 1000
   if ms < 1 then ms = 1 end
-  if capped then
-    local left = redis.call('PTTL', KEYS[1])
+  if config then
+    local left = redis.call('PTTL', config)
     if left > 0 and left < ms then ms = left end
   end
   return string.format('%d', ms)
@@ -184,7 +184,7 @@ else
       at = score -- a grant stamped later, by a client whose clock is ahead
     end
   end
-  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), record(n)) == 1
+  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), record(n, '\16' .. ARGV[5])) == 1
   if counted then
     if merge then
       redis.call('ZREM', log, member)
@@ -199,7 +199,7 @@ dirty = changed or aged
 -- Never flat: Redisson's layout is a hash.
 --[[@decode]]
 --[[@resent]]
-sent(log, NOW_MS, interval)
+sent(log, NOW_MS, interval, ARGV[5])
 --[[@report]]
 -- The bucket is full again when its newest record ages out. The state any
 -- step left is written here, with both keys expiring then.
@@ -213,7 +213,7 @@ if dirty then
   if aged then
     redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
   end
-  store(value_key, log, available, reset > 0 and ttl(reset, stored and keepalive == 0))
+  store(value_key, log, available, reset > 0 and ttl(reset, stored and keepalive == 0 and KEYS[1]))
 end
 --[[@release]]
 -- Permits come off the newest records, so that the log and the value stay
@@ -313,7 +313,7 @@ if last < NOW_MS then last = NOW_MS end
 total = total + permits
 redis.call('ZADD', grants, string.format('%d', base + last), string.format('%016d:%d', total, n) .. tag)
 if K == '2' then
-  redis.call('PEXPIRE', grants, ttl((last + longest) * 1000 - NOW_US, stored and keepalive == 0))
+  redis.call('PEXPIRE', grants, ttl((last + longest) * 1000 - NOW_US, stored and keepalive == 0 and KEYS[1]))
 end
 --[[@more_report]]
 remaining = rate - used
@@ -359,5 +359,5 @@ local function settle(keys)
   redis.call('ZREMRANGEBYSCORE', log, '-inf', NOW_MS - interval)
   local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
   local reset = newest and (newest + interval) * 1000 - NOW_US or 0
-  store(keys[1], log, rate - sum(log, call(log, 'ZRANGE', log, 0, -1), 1), reset > 0 and ttl(reset, stored and keepalive == 0))
+  store(keys[1], log, rate - sum(log, call(log, 'ZRANGE', log, 0, -1), 1), reset > 0 and ttl(reset, stored and keepalive == 0 and KEYS[1]))
 end

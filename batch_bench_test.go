@@ -1,0 +1,60 @@
+package redlimit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redlimit/redlimit/internal/redistest"
+)
+
+// BenchmarkDecisions decides on a real redis-server from 64 goroutines over
+// 10,000 keys, as the bench module's main scenario does, with batching on
+// and off: a profile of the whole decision path, and batch sizes.
+func BenchmarkDecisions(b *testing.B) {
+	s := redistest.Shared(b)
+	for _, batching := range []bool{true, false} {
+		b.Run("batching="+strconv.FormatBool(batching), func(b *testing.B) {
+			opts := []Option{WithPrefix(redistest.UniqueName(b, "bench"))}
+			if !batching {
+				opts = append(opts, WithoutBatching())
+			}
+			rdb := s.Client(b)
+			c := New(rdb, opts...)
+			admin := s.Client(b)
+			if err := admin.ConfigResetStat(context.Background()).Err(); err != nil {
+				b.Fatal(err)
+			}
+			cfg := Config{Rate: 1_000_000, Interval: time.Second}
+			var next atomic.Int64
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					key := strconv.FormatInt(next.Add(1)%10_000, 10)
+					if _, err := c.Funnel(key).WithDefault(cfg).Allow(ctx, 1); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			info, err := admin.Info(context.Background(), "commandstats").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, rest, ok := strings.Cut(info, "cmdstat_evalsha:"); ok {
+				_, rest, _ = strings.Cut(rest, "usec=")
+				usec, _ := strconv.ParseFloat(rest[:strings.IndexByte(rest, ',')], 64)
+				b.ReportMetric(usec/float64(b.N), "redis-µs/decision")
+			}
+			if calls := c.batches.all.sizes.calls.Load(); calls > 0 {
+				b.ReportMetric(float64(c.batches.all.sizes.decisions.Load())/float64(calls), "decisions/batch")
+			}
+		})
+	}
+}
