@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,9 +23,10 @@ type Client struct {
 	denials     *denials // nil unless WithLocalCache
 	failOpen    bool
 	sleep       func(ctx context.Context, d time.Duration) error
-	loads       sync.Map // *script → *scriptLoad, see Client.reload
-	breaker     *breaker // nil unless WithBreaker
-	batches     batches  // see batch.go
+	loads       sync.Map                   // *script → *scriptLoad, see Client.reload
+	breaker     *breaker                   // nil unless WithBreaker
+	families    atomic.Pointer[generation] // see Client.limiter
+	batches     batches                    // see batch.go
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any
@@ -103,6 +105,7 @@ func New(rdb redis.Scripter, opts ...Option) *Client {
 		opt(c)
 	}
 	c.clientIDArg, c.retryWindowArg = c.clientID, ""
+	c.families.Store(&generation{current: new(sync.Map)})
 	c.batches.route(rdb)
 	if c.retryWindow > 0 {
 		c.retryWindowArg = c.retryWindow.Milliseconds()

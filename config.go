@@ -232,6 +232,13 @@ func (c Config) validateLog() error {
 	return nil
 }
 
+// equal reports whether c and o are the same config, field by field: a
+// Config holds a slice, so == does not compare it.
+func (c Config) equal(o Config) bool {
+	return c.Type == o.Type && c.Rate == o.Rate && c.Interval == o.Interval && c.Burst == o.Burst &&
+		c.Buckets == o.Buckets && c.KeepAlive == o.KeepAlive && slices.EqualFunc(c.More, o.More, Config.equal)
+}
+
 // arg encodes c for the scripts as ARGV[4] (scripts/common.lua): source,
 // then the fields, space-separated, then each further rate's (moreArg). Zero
 // Burst and Buckets go as they are: the scripts apply the defaults, so Config

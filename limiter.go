@@ -19,6 +19,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -71,7 +72,9 @@ func (l *Limiter) Validate(cfg Config) error {
 
 // Limiter is a handle on one named limit in Redis. It holds no state of its
 // own: any number of handles, in any number of processes, share the limit.
-// It is safe for concurrent use.
+// It is safe for concurrent use. A Client keeps the handles it makes, by
+// name, so a handle made per request (c.Funnel(key).WithDefault(cfg)) costs
+// what one kept does.
 type Limiter struct {
 	client   *Client
 	alg      algorithm
@@ -81,7 +84,7 @@ type Limiter struct {
 	clientID any      // whose PerClient state keys[…] name, as a script argument
 	// perClient: the limiter is known to be PerClient (or to have been), so
 	// decisions send every key; until then they send the few an Overall
-	// limiter uses. Shared by the handles derived from one.
+	// limiter uses. It is its family's: every handle on the limiter shares it.
 	perClient *atomic.Bool
 	denialKey string // in the local cache of denials
 	// The config the scripts are given: sourceNone (the stored one only),
@@ -95,19 +98,91 @@ type Limiter struct {
 	// hash (a stored config, or state kept as its fields) rather than a flat
 	// state or nothing (scripts/common.lua); the next one then sends
 	// deferConfig, its default as sourceDefer, and the script reads the hash
-	// first. Shared by the handles derived from one.
+	// first. It is its family's, as perClient is; nil without a default.
 	stored      *atomic.Bool
 	deferConfig any
 	err         error
+	family      *family
 }
 
+// family is what a Client keeps of one limiter, an algorithm under a name:
+// the handle the algorithm's constructor returns, its keys built and boxed
+// once, and what decisions learn of the limiter in Redis, shared by every
+// handle on it however it was made. A service that makes a handle per
+// request (c.Funnel(key).WithDefault(cfg)) so builds no keys and formats no
+// config on the way, and its handles do not relearn what the last one knew:
+// a PerClient limiter's fresh handle would otherwise spend an EVALSHA on
+// being told so.
+type family struct {
+	base              Limiter
+	perClient, stored atomic.Bool // see Limiter's fields
+	// withDefault is the latest handle base.WithDefault made, given again
+	// for an equal config: one per family keeps them bounded, and a service
+	// gives one name one default.
+	withDefault atomic.Pointer[Limiter]
+}
+
+// familyKey names a family within its Client, whose prefix is the same for all.
+type familyKey struct{ alg, name string }
+
+// familiesPerGeneration bounds the families a Client keeps. A service may
+// make a limiter per user, millions of names, so they are kept in two
+// generations: once the current one holds this many, it becomes the
+// previous one and the previous one is dropped; a family found in the
+// previous generation moves to the current one. Limiters in use so stay
+// however many names pass through, and at most twice this many families
+// are kept: ~1.5 KB each with a default handle and a short name, 6 MB in
+// all. Exact recency (an LRU list) would take a lock on every handle made;
+// a dropped family costs only its rebuilding, 30 to 50 allocations, and its
+// relearning: one EVALSHA for a PerClient limiter, one failed read in the
+// script for a stored config.
+const familiesPerGeneration = 2048
+
+// generation is one of the two sets of families (see familiesPerGeneration).
+type generation struct {
+	current, previous *sync.Map // familyKey → *family; previous nil at first
+	size              atomic.Int64
+}
+
+// limiter returns the handle on the limiter alg keeps under name: its
+// family's, made the first time.
 func (c *Client) limiter(name string, alg algorithm) *Limiter {
+	key := familyKey{alg.name, name}
+	g := c.families.Load()
+	if f, ok := g.current.Load(key); ok {
+		return &f.(*family).base
+	}
+	var f any
+	found := false
+	if g.previous != nil {
+		f, found = g.previous.Load(key)
+	}
+	if !found {
+		f = c.newFamily(name, alg)
+		if f.(*family).base.err != nil {
+			return &f.(*family).base // made again on every call: mistakes need no speed
+		}
+	}
+	f, found = g.current.LoadOrStore(key, f)
+	if !found && g.size.Add(1) == familiesPerGeneration {
+		// Families stored in g meanwhile stay in g.current, now previous:
+		// found there, they move on.
+		c.families.CompareAndSwap(g, &generation{current: new(sync.Map), previous: g.current})
+	}
+	return &f.(*family).base
+}
+
+// newFamily makes the family of the limiter alg keeps under name, with its
+// keys.
+func (c *Client) newFamily(name string, alg algorithm) *family {
 	full := fullName(c.prefix, name)
-	l := &Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, source: sourceNone, config: noArg,
-		denialKey: denialKey(alg.name+":"+full, ""), perClient: new(atomic.Bool)}
+	f := &family{}
+	l := &f.base
+	*l = Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, source: sourceNone, config: noArg,
+		denialKey: denialKey(alg.name+":"+full, ""), perClient: &f.perClient, family: f}
 	if err := validName(c.prefix, name, full); err != nil {
 		l.err = err
-		return l
+		return f
 	}
 	l.keys = append(l.keys, full)
 	if !alg.inConfig {
@@ -116,7 +191,7 @@ func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	l.keys = append(l.keys, keyOf(full, "clients"), keyOf(full, "requests"))
 	l.keys = append(l.keys, l.stateKeys(c.clientID)...)
 	l.keyArgs = boxed(l.keys)
-	return l
+	return f
 }
 
 // fullName puts the hash tag inside the prefix, so that every key of a
@@ -223,14 +298,26 @@ func (l *Limiter) Name() string { return l.name }
 // WithDefault returns a handle that uses cfg while no config is stored in
 // Redis. It makes no extra round trip and stores nothing; SetRate does.
 func (l *Limiter) WithDefault(cfg Config) *Limiter {
+	f := l.family
+	// The handles made from a family's own are kept, one: a service making
+	// a handle per request gives the same config each time.
+	own := l == &f.base
+	if d := f.withDefault.Load(); own && d != nil && d.dflt.equal(cfg) {
+		return d // validated when it was made
+	}
 	if err := l.Validate(cfg); err != nil {
 		d := *l
 		d.err = errors.Join(d.err, err)
 		return &d
 	}
 	d := l.withConfig(sourceDefault, cfg)
+	// A copy of More: the caller's may change after, and the handle is kept.
 	d.dflt = cfg
-	d.stored, d.deferConfig = new(atomic.Bool), cfg.arg(sourceDefer)
+	d.dflt.More = slices.Clone(cfg.More)
+	d.stored, d.deferConfig = &f.stored, cfg.arg(sourceDefer)
+	if own {
+		f.withDefault.Store(d)
+	}
 	return d
 }
 
