@@ -366,14 +366,14 @@ func runLogGrants(ctx context.Context, e *env, rep *report) error {
 						return fmt.Errorf("%d grants, %s: %w", n, o.name, err)
 					}
 				}
-				calls, usec, err := evalshaStats(ctx, e.admin)
+				st, err := evalshaStats(ctx, e.admin)
 				if err != nil {
 					return err
-				} else if calls != int64(o.calls) {
-					return fmt.Errorf("%d grants, %s: %d EVALSHA, want %d", n, o.name, calls, o.calls)
+				} else if st.calls != int64(o.calls) {
+					return fmt.Errorf("%d grants, %s: %d EVALSHA, want %d", n, o.name, st.calls, o.calls)
 				}
 				if b >= warmup {
-					usecs = append(usecs, usec)
+					usecs = append(usecs, st.perCall())
 				}
 			}
 			o.figure = append(o.figure, median(usecs))

@@ -24,6 +24,7 @@ type contender struct {
 	// runs before the measurement, on an empty database.
 	prepare func(ctx context.Context, keys int) (decideFunc, error)
 	samples []sample // one per round, in round order
+	ours    bool     // a redlimit limiter, not a baseline or redis_rate
 }
 
 // env is what contenders share: one go-redis client with default options,
@@ -65,11 +66,26 @@ func shaped(rdb redis.Scripter) *contender {
 		"allow", "", int64(1), fmt.Sprintf("default %d 1000 0 0 0 0", bigRate))
 }
 
+// The names of redis_rate's contenders, and the suffixes of ours that say
+// how they reach Redis.
+const (
+	redisRate     = "redis_rate"
+	autoPipelined = ", auto-pipelined"
+	batchingOff   = ", batching off"
+)
+
+// redisRateBackend is what redis_rate.NewLimiter takes (its own interface is
+// unexported): a Client and an AutoPipeliner both are one.
+type redisRateBackend interface {
+	redis.Scripter
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+}
+
 // peer is github.com/go-redis/redis_rate/v10, a GCRA in one script like our
 // funnel: limit per second, burst = limit.
-func peer(rdb *redis.Client, perSecond int) *contender {
+func peer(name string, rdb redisRateBackend, perSecond int) *contender {
 	limit := redis_rate.PerSecond(perSecond)
-	return &contender{name: "redis_rate", prepare: func(ctx context.Context, keys int) (decideFunc, error) {
+	return &contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
 		limiter := redis_rate.NewLimiter(rdb)
 		names := keyNames("redis_rate", keys)
 		return func(ctx context.Context, key int) (bool, error) {
@@ -99,7 +115,7 @@ var (
 // before the measurement (the auto-pipeliner: 10,000 SetRate calls take a
 // while one at a time) and the handles have no default.
 func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, storeVia redis.Scripter, opts ...redlimit.Option) *contender {
-	return &contender{name: name, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
+	return &contender{name: name, ours: true, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
 		// A new Client each slice: a local deny cache must not carry
 		// denials over from a database since flushed.
 		client := redlimit.New(rdb, opts...)

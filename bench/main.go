@@ -1,5 +1,6 @@
 // Command bench measures redlimit against the one-round-trip ceiling (a
-// trivial EVALSHA) and against github.com/go-redis/redis_rate, on a
+// trivial EVALSHA) and against github.com/go-redis/redis_rate (through a
+// plain go-redis Client and through its AutoPipeliner), on a
 // redis-server it starts for itself (the first on PATH, through
 // internal/redistest as the tests start theirs), and writes the figures to
 // BENCHMARKS.md. The tests own correctness; this measures.
@@ -46,7 +47,7 @@ func main() {
 	var o options
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; every contender is measured once per round")
 	flag.DurationVar(&o.duration, "duration", 600*time.Millisecond, "measured time per contender per round")
-	flag.DurationVar(&o.warmup, "warmup", 100*time.Millisecond, "unmeasured time before each measurement")
+	flag.DurationVar(&o.warmup, "warmup", 60*time.Millisecond, "unmeasured time before each measurement")
 	flag.StringVar(&o.callersFlag, "callers", "1,64,512", "comma-separated numbers of concurrent callers")
 	flag.IntVar(&o.keys, "keys", 10000, "keys the callers spread over (besides the one-hot-key scenario)")
 	flag.StringVar(&o.out, "out", "BENCHMARKS.md", "file the report is written to; '' for stdout only")
@@ -112,7 +113,7 @@ func run(o options) error {
 					}
 					c.samples = append(c.samples, s)
 					log("round %d/%d  %-28s %-40s %9.0f/s  %6.2f µs  cpu %5.1f+%5.1f µs  p99 %-9v allocs %5.1f  errors %d",
-						round+1, o.rounds, sc.name, c.name, s.rate, s.usec, s.clientCPU, s.serverCPU, s.p99, s.allocs, s.errors)
+						round+1, o.rounds, sc.name, c.name, s.rate, usec(s), s.clientCPU, s.serverCPU, s.p99, s.allocs, s.errors)
 					if s.firstErr != nil {
 						log("first error: %v", s.firstErr)
 					}
@@ -165,11 +166,16 @@ const (
 )
 
 // makeScenarios: one caller, where each figure is as close to a call's own
-// cost (Redis µs, Go allocations) as a shared machine allows; then many
-// callers over many keys and over one hot key, plain and auto-pipelined;
-// then the flood.
+// cost (Redis µs, Go allocations, latency) as a shared machine allows; then
+// many callers over many keys and over one hot key, plain and
+// auto-pipelined; then the flood. redis_rate runs through both the plain
+// Client and the AutoPipeliner wherever ours does, so that batched decisions
+// are judged against its best as well as its default.
 func makeScenarios(e *env, o options) []*scenario {
 	big, small := redlimit.PerSecond(bigRate), redlimit.PerSecond(floodRate)
+	peers := func(perSecond int) []*contender {
+		return []*contender{peer(redisRate, e.rdb, perSecond), peer(redisRate+autoPipelined, e.ap, perSecond)}
+	}
 	var out []*scenario
 	for _, callers := range o.callers {
 		if callers == 1 {
@@ -180,10 +186,12 @@ func makeScenarios(e *env, o options) []*scenario {
 			// default; one scenario is enough to show how much. With one
 			// caller, the key count hardly changes the cost.
 			// Each further rate (Config.And) has a cost of its own: two
-			// and three rates show it.
+			// and three rates show it. Batching off shows what waiting to
+			// form a batch costs a caller who is alone (the latency table).
 			out = append(out, &scenario{name: "1 caller, 1000 keys", callers: 1, keys: 1000, parts: 4,
-				contenders: slices.Concat([]*contender{ceiling("trivial EVALSHA", e.rdb), shaped(e.rdb), peer(e.rdb, bigRate)},
-					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", stored config", e.rdb, big, e.ap),
+				contenders: slices.Concat([]*contender{ceiling("trivial EVALSHA", e.rdb), shaped(e.rdb)}, peers(bigRate),
+					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(batchingOff, e.rdb, big, nil, redlimit.WithoutBatching()),
+					everyAlgorithm(", stored config", e.rdb, big, e.ap),
 					everyAlgorithm(twoRates, e.rdb, big.And(redlimit.PerMinute(30*bigRate)), nil),
 					everyAlgorithm(threeRates, e.rdb, big.And(redlimit.PerMinute(30*bigRate), redlimit.PerHour(1000*bigRate)), nil))})
 			continue
@@ -191,20 +199,24 @@ func makeScenarios(e *env, o options) []*scenario {
 		// Many callers: decisions/s, which the machine's other tenants move
 		// by a tenth or more from one second to the next. Short turns
 		// taken in rotation pair each contender with redis_rate closely, as
-		// for one caller.
+		// for one caller. The funnel with batching off, paired with the
+		// default in the same turns, shows what batching gains under load;
+		// one algorithm is enough to show it, and the others would
+		// lengthen the run by half a minute.
 		for _, keys := range []int{o.keys, 1} {
 			name := fmt.Sprintf("%d callers, %d keys", callers, keys)
 			if keys == 1 {
 				name = fmt.Sprintf("%d callers, 1 hot key", callers)
 			}
 			out = append(out, &scenario{name: name, callers: callers, keys: keys, parts: 4,
-				contenders: slices.Concat([]*contender{ceiling("trivial EVALSHA", e.rdb), ceiling("trivial EVALSHA, auto-pipelined", e.ap), peer(e.rdb, bigRate)},
-					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(", auto-pipelined", e.ap, big, nil))})
+				contenders: slices.Concat([]*contender{ceiling("trivial EVALSHA", e.rdb), ceiling("trivial EVALSHA"+autoPipelined, e.ap)}, peers(bigRate),
+					everyAlgorithm("", e.rdb, big, nil), everyAlgorithm(autoPipelined, e.ap, big, nil),
+					[]*contender{ours(funnel.name+batchingOff, funnel, e.rdb, big, nil, redlimit.WithoutBatching())})})
 		}
 	}
 	callers := o.callers[len(o.callers)-1]
 	return append(out, &scenario{name: fmt.Sprintf("flood: %d callers, 1 key, %d/s", callers, floodRate), callers: callers, keys: 1, parts: 1, flood: true,
-		contenders: slices.Concat([]*contender{peer(e.rdb, floodRate)},
+		contenders: slices.Concat([]*contender{peer(redisRate, e.rdb, floodRate)},
 			everyAlgorithm("", e.rdb, small, nil), everyAlgorithm(", local cache", e.rdb, small, nil, redlimit.WithLocalCache()))})
 }
 

@@ -91,13 +91,52 @@ func (c *contender) med(figure func(sample) float64) float64 {
 }
 
 func rate(s sample) float64      { return s.rate }
-func usec(s sample) float64      { return s.usec }
+func usec(s sample) float64      { return s.script.perCall() }
 func allocs(s sample) float64    { return s.allocs }
 func clientCPU(s sample) float64 { return s.clientCPU }
 func serverCPU(s sample) float64 { return s.serverCPU }
 func cpu(s sample) float64       { return s.clientCPU + s.serverCPU }
 func p50(s sample) float64       { return float64(s.p50) }
 func p99(s sample) float64       { return float64(s.p99) }
+
+// perDecision is the script's Redis µs per decision, which batching makes
+// less than per call: one EVALSHA decides several.
+func perDecision(s sample) float64 {
+	if s.decisions == 0 {
+		return 0
+	}
+	return float64(s.script.usec) / float64(s.decisions)
+}
+
+// decisionsPerCall is 1 when every decision is an EVALSHA of its own, more
+// as batches form; 0 when no EVALSHA ran.
+func decisionsPerCall(s sample) float64 {
+	if s.script.calls == 0 {
+		return 0
+	}
+	return float64(s.decisions) / float64(s.script.calls)
+}
+
+// medOf is c's median figure with two decimals, or "–" when the scenario has
+// no such contender (c is nil) or the figure is 0.
+func medOf(c *contender, figure func(sample) float64) string {
+	if c == nil || c.med(figure) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", c.med(figure))
+}
+
+// ratioOf is pairedRatio with two decimals, or "–" when the scenario lacks
+// either contender or they share no round.
+func ratioOf(a, b *contender, figure func(sample) float64) string {
+	if a == nil || b == nil {
+		return "–"
+	}
+	if r := pairedRatio(a, b, figure); r > 0 {
+		return fmt.Sprintf("%.2f", r)
+	}
+	return "–"
+}
 
 // pairedRatio is the median over rounds of a's figure over b's in the same
 // round: the two were measured minutes apart at most, so a slower machine
@@ -126,11 +165,12 @@ func (rep *report) markdown() string {
 	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	w("# Benchmarks\n\n")
 	w("Decisions per second of redlimit's limiters against the one-round-trip ceiling (a trivial\n")
-	w("`EVALSHA` of `return 1`) and against [redis_rate](https://github.com/go-redis/redis_rate) v10,\n")
-	w("on a redis-server the program starts for itself (the first on PATH). Reproduce from the\n")
-	w("repository root with `go run ./bench` and the flags below (`-duration 200ms -rounds 1 -out ''`\n")
-	w("for a quick look). Figures are medians over the rounds; within a round the contenders take\n")
-	w("turns, each on an emptied database, and ratios are medians of ratios taken within a round.\n\n")
+	w("`EVALSHA` of `return 1`) and against [redis_rate](https://github.com/go-redis/redis_rate) v10\n")
+	w("(through a plain go-redis Client and through its AutoPipeliner), on a redis-server the program\n")
+	w("starts for itself (the first on PATH). Reproduce from the repository root with `go run ./bench`\n")
+	w("and the flags below (`-duration 200ms -rounds 1 -out ''` for a quick look). Figures are medians\n")
+	w("over the rounds; within a round the contenders take turns, each on an emptied database, and\n")
+	w("ratios are medians of ratios taken within a round.\n\n")
 	w("## Machine and run\n\n| | |\n|---|---|\n%s%s after (1, 5, 15 min; the machine is shared, so figures move between runs) |\n",
 		rep.machine, loadAverage())
 	w("| date | %s (run took %v) |\n\n", rep.started.UTC().Format("2006-01-02 15:04 MST"), time.Since(rep.started).Round(time.Second))
@@ -142,11 +182,13 @@ func (rep *report) markdown() string {
 	w("Columns: decisions/s; spread: (highest − lowest) ÷ median of the turns' decisions/s, over every\n")
 	w("turn of every round: how much the machine moved the figure; × trivial: ratio to the trivial\n")
 	w("EVALSHA's decisions/s in the same round;\n")
-	w("Redis µs: `usec_per_call` of `cmdstat_evalsha` (INFO commandstats, reset before each slice):\n")
-	w("the script's time on the server alone; CPU µs: CPU time per decision, user + system, of the\n")
-	w("benchmark's own process (callers and go-redis) and of redis-server (the script and the network\n")
-	w("work every call costs it); p50/p99: latency of one decision seen by the caller;\n")
-	w("allocs: Go heap allocations per decision, whole process (runtime.MemStats.Mallocs).\n\n")
+	w("Redis µs: the script's time on the server alone per call (`usec` ÷ `calls` of `cmdstat_evalsha`,\n")
+	w("INFO commandstats, read as each turn's measurement starts and as it ends); a call decides a whole\n")
+	w("batch when decisions are batched (per decision: [Batched decisions](#batched-decisions)); CPU µs:\n")
+	w("CPU time per decision, user + system, of the benchmark's own process (callers and go-redis) and\n")
+	w("of redis-server (the script and the network work every call costs it); p50/p99: latency of one\n")
+	w("decision seen by the caller; allocs: Go heap allocations per decision, whole process\n")
+	w("(runtime.MemStats.Mallocs).\n\n")
 	var stored, several []string
 	for _, sc := range rep.scenarios {
 		w("### %s\n\n", sc.name)
@@ -173,7 +215,7 @@ func (rep *report) markdown() string {
 			var calls int64
 			for _, s := range c.samples {
 				t.add(s.tally)
-				calls += s.calls
+				calls += s.script.calls
 			}
 			tail := fmt.Sprintf("| %s | %s | %.1f | %d |\n", fmtDur(c.med(p50)), fmtDur(c.med(p99)), c.med(allocs), t.errors)
 			if !sc.flood {
@@ -214,6 +256,7 @@ func (rep *report) markdown() string {
 		w("of two rates' excess and half of three rates'.\n\n")
 		w("| scenario | limiter | two rates ÷ one | three rates ÷ one | per extra rate |\n|---|---|--:|--:|--:|\n%s\n", strings.Join(several, ""))
 	}
+	rep.batching(w)
 	for _, s := range rep.sections {
 		if s.title != "" {
 			w("## %s\n\n", s.title)
@@ -221,20 +264,111 @@ func (rep *report) markdown() string {
 		w("%s\n\n%s\n%s\n\n", s.about, s.header, strings.Join(s.rows, "\n"))
 	}
 	w("## Against redis_rate\n\n")
-	w("Each limiter's figures over redis_rate's in the same scenario and round, medians over the\n")
-	w("rounds: Redis µs per call and CPU µs per decision, client + server (lower is better), and\n")
-	w("decisions/s (higher is better).\n\n")
-	w("| scenario | limiter | Redis µs ÷ redis_rate's | CPU µs ÷ redis_rate's | decisions/s ÷ redis_rate's |\n|---|---|--:|--:|--:|\n")
+	w("Each redlimit limiter's figures over redis_rate's, through the plain Client and through the\n")
+	w("AutoPipeliner (ap), in the same scenario and round, medians over the rounds: Redis µs per decision\n")
+	w("(the script's time ÷ decisions, since a batch of decisions is one call) and CPU µs per decision,\n")
+	w("client + server (lower is better), and decisions/s (higher is better).\n\n")
+	w("| scenario | limiter | Redis µs per decision ÷ redis_rate's | ÷ redis_rate ap's | CPU µs ÷ redis_rate's | ÷ redis_rate ap's | decisions/s ÷ redis_rate's | ÷ redis_rate ap's |\n")
+	w("|---|---|--:|--:|--:|--:|--:|--:|\n")
 	for _, sc := range rep.scenarios {
 		if sc.flood {
 			continue
 		}
-		peer := sc.find("redis_rate")
-		for _, c := range sc.contenders[3:] { // ours: after the two baselines and redis_rate
-			w("| %s | %s | %.2f | %.2f | %.2f |\n", sc.name, c.name, pairedRatio(c, peer, usec), pairedRatio(c, peer, cpu), pairedRatio(c, peer, rate))
+		peer, pipelined := sc.find(redisRate), sc.find(redisRate+autoPipelined)
+		for _, c := range sc.contenders {
+			if c.ours {
+				w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.name, c.name, ratioOf(c, peer, perDecision), ratioOf(c, pipelined, perDecision),
+					ratioOf(c, peer, cpu), ratioOf(c, pipelined, cpu), ratioOf(c, peer, rate), ratioOf(c, pipelined, rate))
+			}
 		}
 	}
 	return b.String()
+}
+
+// batching writes what shows batched decisions at work: the funnel's Redis
+// time per decision against redis_rate's, how many decisions each script
+// call carried, and what batching costs the latency of a caller alone.
+func (rep *report) batching(w func(format string, a ...any)) {
+	var scenarios []*scenario
+	var alone *scenario
+	for _, sc := range rep.scenarios {
+		if !sc.flood {
+			scenarios = append(scenarios, sc)
+		}
+		if sc.callers == 1 && alone == nil {
+			alone = sc
+		}
+	}
+	if len(scenarios) == 0 {
+		return
+	}
+	w("## Batched decisions\n\n")
+	w("From the throughput turns above. Redis µs per decision: the script's time (`usec` of\n")
+	w("`cmdstat_evalsha`) ÷ the decisions made, since with batching one EVALSHA decides several;\n")
+	w("redis_rate makes one call per decision, auto-pipelined or not. Unless the name says otherwise,\n")
+	w("redlimit runs through a plain go-redis Client with batching on (the default); \"batching off\":\n")
+	w("`redlimit.WithoutBatching()`. Ratios are paired within a round.\n\n")
+	w("### Redis µs per decision: Funnel against redis_rate\n\n")
+	w("| scenario | Funnel | Funnel%s | Funnel%s | redis_rate | redis_rate%s | Funnel ÷ redis_rate | Funnel ÷ redis_rate%s | Funnel decisions/s, batching on ÷ off |\n",
+		batchingOff, autoPipelined, autoPipelined, autoPipelined)
+	w("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, sc := range scenarios {
+		f, peer, pipelined := sc.find(funnel.name), sc.find(redisRate), sc.find(redisRate+autoPipelined)
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sc.name, medOf(f, perDecision), medOf(sc.find(funnel.name+batchingOff), perDecision),
+			medOf(sc.find(funnel.name+autoPipelined), perDecision), medOf(peer, perDecision), medOf(pipelined, perDecision),
+			ratioOf(f, peer, perDecision), ratioOf(f, pipelined, perDecision), ratioOf(f, sc.find(funnel.name+batchingOff), rate))
+	}
+
+	// One row per redlimit contender, in the order they first appear, so
+	// that the same contender's batches read across the load shapes.
+	var names []string
+	for _, sc := range scenarios {
+		for _, c := range sc.contenders {
+			if c.ours && !slices.Contains(names, c.name) {
+				names = append(names, c.name)
+			}
+		}
+	}
+	w("\n### Decisions per script call\n\n")
+	w("Decisions made ÷ EVALSHA calls Redis ran, over the same window (medians over the rounds): 1.00\n")
+	w("when every decision is a call of its own, more as batches form. The flood is left out: its\n")
+	w("round trips column is the inverse, and the local cache, not batching, is what spares calls there.\n\n")
+	w("| limiter |")
+	for _, sc := range scenarios {
+		w(" %s |", sc.name)
+	}
+	w("\n|---|%s\n", strings.Repeat("--:|", len(scenarios)))
+	for _, name := range names {
+		w("| %s |", name)
+		for _, sc := range scenarios {
+			w(" %s |", medOf(sc.find(name), decisionsPerCall))
+		}
+		w("\n")
+	}
+
+	if alone == nil {
+		w("\n")
+		return
+	}
+	w("\n### %s: latency with batching on and off\n\n", alone.name)
+	w("A caller alone has no one to share a batch with: whatever batching waits for shows here.\n")
+	w("p50/p99: medians over the turns of each turn's percentile.")
+	for _, name := range []string{redisRate, redisRate + autoPipelined} {
+		if c := alone.find(name); c != nil {
+			w(" %s: p50 %s, p99 %s.", name, fmtDur(c.med(p50)), fmtDur(c.med(p99)))
+		}
+	}
+	w("\n\n| limiter | p50, on | p99, on | p50, off | p99, off | decisions/s, on ÷ off | Redis µs per decision, on | off |\n")
+	w("|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	for _, alg := range algorithms {
+		on, off := alone.find(alg.name), alone.find(alg.name+batchingOff)
+		if on == nil || off == nil {
+			continue
+		}
+		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", alg.name, fmtDur(on.med(p50)), fmtDur(on.med(p99)), fmtDur(off.med(p50)), fmtDur(off.med(p99)),
+			ratioOf(on, off, rate), medOf(on, perDecision), medOf(off, perDecision))
+	}
+	w("\n")
 }
 
 // fmtRate writes a count with thousands separators: 41203 → "41,203".

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,5 +51,47 @@ func TestFormatting(t *testing.T) {
 		if tc[0] != tc[1] {
 			t.Errorf("got %q, want %q", tc[0], tc[1])
 		}
+	}
+}
+
+// TestBatchingTables builds the batching section from made-up samples whose
+// figures are known: the funnel's 64 callers made 6,400 decisions in 400
+// calls taking 16,000 µs, so 16 decisions per call and 2.50 µs per decision,
+// against redis_rate's 36,000 µs over 3,000 decisions (12.00).
+func TestBatchingTables(t *testing.T) {
+	made := func(name string, ours bool, samples ...sample) *contender {
+		return &contender{name: name, ours: ours, samples: samples}
+	}
+	at := func(decisions uint64, calls, usec int64, rate float64, p50, p99 time.Duration) sample {
+		return sample{tally: tally{decisions: decisions}, script: scriptStats{calls: calls, usec: usec}, rate: rate, p50: p50, p99: p99}
+	}
+	alone := &scenario{name: "1 caller", callers: 1, contenders: []*contender{
+		made(redisRate, false, at(1000, 1000, 15000, 10000, 75*time.Microsecond, 200*time.Microsecond)),
+		made(funnel.name, true, at(1000, 1000, 12000, 12000, 60*time.Microsecond, 180*time.Microsecond)),
+		made(funnel.name+batchingOff, true, at(1000, 1000, 13000, 10000, 70*time.Microsecond, 190*time.Microsecond)),
+	}}
+	crowd := &scenario{name: "64 callers", callers: 64, contenders: []*contender{
+		made(redisRate, false, at(3000, 3000, 36000, 30000, time.Millisecond, 3*time.Millisecond)),
+		made(funnel.name, true, at(6400, 400, 16000, 64000, time.Millisecond, 2*time.Millisecond)),
+	}}
+	flood := &scenario{name: "flood", callers: 64, flood: true, contenders: []*contender{made(funnel.name+", local cache", true, at(5000, 1, 10, 5e6, 0, 0))}}
+	var b strings.Builder
+	(&report{scenarios: []*scenario{alone, crowd, flood}}).batching(func(format string, a ...any) { fmt.Fprintf(&b, format, a...) })
+	got := b.String()
+	for _, want := range []string{
+		"| 1 caller | 12.00 | 13.00 | – | 15.00 | – | 0.80 | – | 1.20 |\n",
+		"| 64 callers | 2.50 | – | – | 12.00 | – | 0.21 | – | – |\n",
+		"| limiter | 1 caller | 64 callers |\n|---|--:|--:|\n",
+		"| Funnel | 1.00 | 16.00 |\n",
+		"| Funnel, batching off | 1.00 | – |\n",
+		"redis_rate: p50 75µs, p99 200µs.",
+		"| Funnel | 60µs | 180µs | 70µs | 190µs | 1.20 | 12.00 | 13.00 |\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "| Funnel, local cache |") || strings.Contains(got, " flood |") {
+		t.Errorf("the flood scenario is in the batching tables:\n%s", got)
 	}
 }
