@@ -123,7 +123,8 @@ func (c *Client) decision(ctx context.Context, s *script, keys, args []any) (rep
 		g.mu.Unlock()
 		return c.alone(ctx, g, s, keys, args)
 	}
-	p := &pending{ctx: ctx, script: s, keys: keys, args: args, queued: true, wake: make(chan struct{}, 1)}
+	p := pendings.Get().(*pending)
+	p.ctx, p.script, p.keys, p.args, p.queued = ctx, s, keys, args, true
 	g.queue = append(g.queue, p)
 	g.mu.Unlock()
 	select {
@@ -144,11 +145,15 @@ func (c *Client) decision(ctx context.Context, s *script, keys, args []any) (rep
 		// mid-flight may.
 		return nil, scriptError(ctx, ctx.Err(), keys)
 	}
-	if p.alone {
+	// Woken, the caller owns p again, and gives it back.
+	alone, reply, err := p.alone, p.reply, p.err
+	*p = pending{wake: p.wake}
+	pendings.Put(p)
+	if alone {
 		// A batch of one: its call is the caller's own.
 		return c.alone(ctx, g, s, keys, args)
 	}
-	switch r := p.reply.(type) {
+	switch r := reply.(type) {
 	case string:
 		if r == "admin" {
 			// The decision refused the request's config: alone, the
@@ -158,8 +163,13 @@ func (c *Client) decision(ctx context.Context, s *script, keys, args []any) (rep
 	case []any:
 		return nil, decisionError(ctx, r, keys)
 	}
-	return p.reply, p.err
+	return reply, err
 }
+
+// pendings recycles the pending of callers woken by their reply: no one
+// holds them then. One that left its batch is not recycled, as its batch
+// may still answer it.
+var pendings = sync.Pool{New: func() any { return &pending{wake: make(chan struct{}, 1)} }}
 
 // alone makes one call of g for the caller's own request.
 func (c *Client) alone(ctx context.Context, g *batcher, s *script, keys, args []any) (any, error) {
@@ -184,7 +194,12 @@ func (c *Client) finished(g *batcher) {
 	g.inflight--
 	for g.inflight < batchCalls && len(g.queue) > 0 {
 		n := min(len(g.queue), batchSize)
-		b := &batch{members: make([]*pending, 0, n)}
+		first := g.queue[0]
+		b := &batch{
+			members: make([]*pending, 0, n),
+			keys:    make([]any, 0, n*len(first.keys)),
+			args:    make([]any, 0, 2+n*(3+len(first.args))),
+		}
 		for _, p := range g.queue[:n] {
 			p.queued = false
 			if p.ctx.Err() != nil {

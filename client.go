@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,10 +22,10 @@ type Client struct {
 	denials     *denials // nil unless WithLocalCache
 	failOpen    bool
 	sleep       func(ctx context.Context, d time.Duration) error
-	loads       sync.Map                   // *script → *scriptLoad, see Client.reload
-	breaker     *breaker                   // nil unless WithBreaker
-	families    atomic.Pointer[generation] // see Client.limiter
-	batches     batches                    // see batch.go
+	loads       sync.Map // *script → *scriptLoad, see Client.reload
+	breaker     *breaker // nil unless WithBreaker
+	families    families // see Client.limiter
+	batches     batches  // see batch.go
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any
@@ -105,7 +104,7 @@ func New(rdb redis.Scripter, opts ...Option) *Client {
 		opt(c)
 	}
 	c.clientIDArg, c.retryWindowArg = c.clientID, ""
-	c.families.Store(&generation{current: new(sync.Map)})
+	c.families.current = make(map[familyKey]*family)
 	c.batches.route(rdb)
 	if c.retryWindow > 0 {
 		c.retryWindowArg = c.retryWindow.Milliseconds()

@@ -244,12 +244,15 @@ func (c Config) equal(o Config) bool {
 // Burst and Buckets go as they are: the scripts apply the defaults, so Config
 // reads back what was set.
 func (c Config) arg(source string) string {
-	s := fmt.Sprintf("%s %d %d %d %d %d %d", source, c.Rate, c.Interval.Milliseconds(), c.Type, c.Burst, c.Buckets,
-		c.KeepAlive.Milliseconds())
-	if len(c.More) > 0 {
-		s += " " + moreArg(c.More)
+	b := make([]byte, 0, 64)
+	b = append(b, source...)
+	for _, n := range []int64{c.Rate, c.Interval.Milliseconds(), int64(c.Type), c.Burst, int64(c.Buckets), c.KeepAlive.Milliseconds()} {
+		b = strconv.AppendInt(append(b, ' '), n, 10)
 	}
-	return s
+	if len(c.More) > 0 {
+		b = append(append(b, ' '), moreArg(c.More)...)
+	}
+	return string(b)
 }
 
 // moreArg encodes further rates as the config hash's field more keeps them:

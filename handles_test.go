@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -114,8 +113,7 @@ func TestFamiliesAreBounded(t *testing.T) {
 			require.Same(t, hot, c.TokenBucket("hot"), "in use, name %d", i)
 		}
 	}
-	g := c.families.Load()
-	kept := mapSize(g.current) + mapSize(g.previous)
+	kept := familiesKept(c)
 	assert.LessOrEqual(t, kept, 2*familiesPerGeneration, "of %d names", 3*familiesPerGeneration+2)
 	assert.Same(t, hot, c.TokenBucket("hot"))
 	assert.True(t, c.TokenBucket("hot").perClient.Load(), "and what it learnt")
@@ -147,14 +145,13 @@ func TestHandlesConcurrently(t *testing.T) {
 		return n == names
 	})
 	wait()
-	g := c.families.Load()
-	assert.LessOrEqual(t, mapSize(g.current)+mapSize(g.previous), 2*familiesPerGeneration)
+	assert.LessOrEqual(t, familiesKept(c), 2*familiesPerGeneration)
 }
 
-func mapSize(m *sync.Map) int {
-	n := 0
-	m.Range(func(any, any) bool { n++; return true })
-	return n
+func familiesKept(c *Client) int {
+	c.families.mu.RLock()
+	defer c.families.mu.RUnlock()
+	return len(c.families.current) + len(c.families.previous)
 }
 
 // cannedReplies answers every EVALSHA with a decision's reply, allowed by
