@@ -58,3 +58,35 @@ func BenchmarkDecisions(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkClusterHotKey decides on one key of the local Redis Cluster from
+// 64 goroutines, with batching on and off: the decisions of one slot share
+// a call.
+func BenchmarkClusterHotKey(b *testing.B) {
+	cluster := redistest.SharedCluster(b)
+	for _, batching := range []bool{true, false} {
+		b.Run("batching="+strconv.FormatBool(batching), func(b *testing.B) {
+			opts := []Option{WithPrefix(redistest.UniqueName(b, "bench"))}
+			if !batching {
+				opts = append(opts, WithoutBatching())
+			}
+			c := New(cluster.Client(b), opts...)
+			l := c.Funnel("hot").WithDefault(Config{Rate: 1_000_000, Interval: time.Millisecond * 1000, Burst: 1_000_000_000})
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					if _, err := l.Allow(ctx, 1); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			if calls, decisions := c.batches.stats(); calls > 0 {
+				b.ReportMetric(float64(decisions)/float64(calls), "decisions/batch")
+			}
+		})
+	}
+}

@@ -2,9 +2,12 @@ package redlimit
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -110,7 +113,7 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	id := noArg
 	counts := req.op == opAllow && req.permits > 0
 	if req.op == opRelease || counts && (l.alg.records || c.retryWindow > 0) {
-		id = randomHex(8)
+		id = newRequestID()
 	}
 	n := req.permits
 	if req.op == opExpire {
@@ -172,6 +175,21 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	}
 	return reply, err
 }
+
+// requestID is a request's id: 16 hex digits in one allocation, where a
+// string would take two (its bytes, and its box as an argument). go-redis
+// writes it through MarshalBinary.
+type requestID [16]byte
+
+func newRequestID() *requestID {
+	id := new(requestID)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	hex.Encode(id[:], b[:])
+	return id
+}
+
+func (id *requestID) MarshalBinary() ([]byte, error) { return id[:], nil }
 
 // perClientReply is a decision's reply when it was sent the short key list
 // but the limiter is PerClient (scripts/common.lua).

@@ -1,6 +1,7 @@
 // Package redlimit shares rate limits between the instances of a service
-// through Redis. Every decision is one Lua script run with EVALSHA, so each
-// takes one round trip and is atomic on the server.
+// through Redis. Every decision is made by a Lua script run with EVALSHA, so
+// each takes one round trip and is atomic on the server; the decisions that
+// arrive while a call is in flight go out together, in one (batch.go).
 //
 // A Client wraps a go-redis client (any redis.Scripter: Client, ClusterClient,
 // Ring, FailoverClient, AutoPipeliner). Its TokenBucket, Funnel, FixedWindow

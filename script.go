@@ -33,8 +33,7 @@ type script struct {
 
 // newScript assembles the script of a, whose sections are in file.
 func newScript(a algorithm, file string) *script {
-	header := fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, MAX_RATES, BURST, BUCKETS = '%s', %d, %t, %t, %d, %t, %t\n",
-		a.name, len(a.state), a.inConfig, a.records, maxRates, a.burst, a.buckets)
+	header := header(a)
 	// A decision reads only the config fields its algorithm uses: each
 	// field read costs about as much as a small command.
 	own := "--[[@own_config]]\n"
@@ -46,6 +45,24 @@ func newScript(a algorithm, file string) *script {
 	tools := "--[[@tools]]\n" + readScript("tools.lua")
 	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own+tools)
 	return scriptOf(a.name, src)
+}
+
+// header declares what the scripts know of Go: the algorithm (see
+// scripts/common.lua) and config.go's bounds, so that neither side types
+// the other's numbers again.
+func header(a algorithm) string {
+	suffixes := make([]string, maxRates)
+	for i := range suffixes {
+		if i > 0 {
+			suffixes[i] = strconv.Itoa(i + 1)
+		}
+	}
+	return fmt.Sprintf("-- Declared by script.go's header, from Go.\n"+
+		"local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = '%s', %d, %t, %t, %t, %t\n"+
+		"local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = %d, %d, %d\n"+
+		"local RATE_SUFFIX = { '%s' } -- a rate's state fields' suffix, by its place in the config\n",
+		a.name, len(a.state), a.inConfig, a.records, a.burst, a.buckets,
+		maxRates, defaultBuckets, maxBuckets, strings.Join(suffixes, "', '"))
 }
 
 func scriptOf(name, src string) *script {
@@ -69,9 +86,8 @@ func newBatchScript(algs ...algorithm) *script {
 	b.WriteString("local makers = {}\n")
 	for _, a := range algs {
 		src := a.script.src
-		header, _, _ := strings.Cut(src, "\n")
 		begin, end := strings.Index(src, batchBegins), strings.Index(src, batchEnds)
-		fmt.Fprintf(&b, "makers['%s'] = function()\n%s\n%s\nreturn decide\nend\n\n", a.name, header, src[begin:end])
+		fmt.Fprintf(&b, "makers['%s'] = function()\n%s%s\nreturn decide\nend\n\n", a.name, header(a), src[begin:end])
 	}
 	b.WriteString(readScript("batch.lua"))
 	return scriptOf("batch", b.String())
@@ -113,7 +129,10 @@ func paste(skeleton, algorithm string) string {
 		if !strings.Contains(skeleton, marker) {
 			panic("redlimit: no place for section " + marker)
 		}
-		skeleton = strings.ReplaceAll(skeleton, marker, strings.TrimSuffix(text, "\n"))
+		// A banner names the section where it starts, for a reader of the
+		// assembled script (scripts/assembled): a block comment, as some
+		// places are within a line.
+		skeleton = strings.ReplaceAll(skeleton, marker, "--[[ "+name+" ]] "+strings.TrimSuffix(text, "\n"))
 	}
 	if at := strings.Index(skeleton, "--[[@"); at >= 0 {
 		panic("redlimit: no section for " + skeleton[at:at+strings.IndexByte(skeleton[at:], ']')+2])

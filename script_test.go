@@ -280,7 +280,7 @@ func TestReloadIsSingleFlight(t *testing.T) {
 				}
 				c := newClient(logged, newClock(), opts...)
 				l := c.FixedWindow(uniqueName(t)).WithDefault(Per(1000, time.Minute))
-				scriptFlush(t, rdb) // whatever other tests loaded on the server
+				scriptFlush(t, rdb)       // whatever other tests loaded on the server
 				_, err := l.Allow(ctx, 1) // loaded once
 				require.NoError(t, err)
 				loaded := log.count("script load " + fixedWindow.script.sha)

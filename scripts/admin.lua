@@ -16,13 +16,13 @@ local function stored_config(f)
     interval = integer(key, 'interval', f[2], 1, MAX),
     type = integer(key, 'type', f[3], 0, 1) or 0,
     burst = integer(key, 'burst', f[4], 0, MAX) or 0,
-    buckets = integer(key, 'buckets', f[5], 0, 1000) or 0,
+    buckets = integer(key, 'buckets', f[5], 0, MAX_BUCKETS) or 0,
     keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
   }
   if cfg.rate == nil or cfg.interval == nil then
     fail('corrupt ' .. key .. ': rate or interval missing')
   end
-  if (cfg.buckets == 0 and 10 or cfg.buckets) > cfg.interval or cfg.rate > cfg.interval * 1000 then
+  if (cfg.buckets == 0 and DEFAULT_BUCKETS or cfg.buckets) > cfg.interval or cfg.rate > cfg.interval * 1000 then
     fail('corrupt ' .. key .. ': rate or buckets too fine for the interval')
   end
   if (f[7] or 'tokenbucket') ~= ALGORITHM then
@@ -33,7 +33,7 @@ local function stored_config(f)
     local sound = numbers % 4 == 0 and numbers <= (MAX_RATES - 1) * 4 and not string.find(f[8], '[^%d ]')
     for r, i, _, bk in string.gmatch(f[8], '(%d+) (%d+) (%d+) (%d+)') do
       r, i, bk = r + 0, i + 0, bk + 0
-      sound = sound and r >= 1 and r <= i * 1000 and i <= MAX and bk <= 1000 and (bk == 0 and 10 or bk) <= i
+      sound = sound and r >= 1 and r <= i * 1000 and i <= MAX and bk <= MAX_BUCKETS and (bk == 0 and DEFAULT_BUCKETS or bk) <= i
     end
     if not sound then
       fail('corrupt ' .. key .. ': field more = ' .. string.format('%q', f[8]))
@@ -57,7 +57,7 @@ end
 local RATE_FIELDS = {}
 for k = 1, MAX_RATES do
   for _, field in ipairs(FIELDS) do
-    RATE_FIELDS[#RATE_FIELDS + 1] = field .. (k == 1 and '' or k)
+    RATE_FIELDS[#RATE_FIELDS + 1] = field .. RATE_SUFFIX[k]
   end
 end
 
@@ -209,7 +209,7 @@ local function config()
   rate, interval, kind, keepalive, stored = cfg.rate, cfg.interval, cfg.type, cfg.keepalive, old ~= nil
   burst, buckets = cfg.burst, cfg.buckets
   if burst == 0 then burst = rate end
-  if buckets == 0 then buckets = 10 end
+  if buckets == 0 then buckets = DEFAULT_BUCKETS end
   return cfg, old
 end
 

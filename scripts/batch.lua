@@ -28,7 +28,7 @@ while a <= #ARGV do
   if not ok then
     -- Redis raises its errors as tables, the scripts theirs as strings.
     if type(reply) == 'table' then reply = reply.err end
-    reply = { tostring(reply) }
+    reply = { type(reply) == 'string' and reply or 'error' }
   elseif reply == nil then
     reply = 'admin'
   end

@@ -1,9 +1,10 @@
 -- The decision skeleton. script.go assembles one script per algorithm: a
--- header from Go (local ALGORITHM, N, IN_CONFIG, RECORDS, MAX_RATES, BURST,
--- BUCKETS: the algorithm's stored name, its state keys per client, whether
--- its Overall state is fields of KEYS[1], whether its grants carry the
--- request id, the most rates a config holds, whether it has a burst or
--- buckets), this file and admin.lua. The algorithm's own file is never run as a whole: it is a list
+-- header from Go (script.go's header: the algorithm's stored name, ALGORITHM;
+-- its state keys per client, N; whether its Overall state is fields of
+-- KEYS[1], IN_CONFIG; whether its grants carry the request id, RECORDS;
+-- whether it has a burst or buckets, BURST and BUCKETS; and config.go's
+-- bounds: MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS, and RATE_SUFFIX, each
+-- rate's state field suffix), this file and admin.lua. The algorithm's own file is never run as a whole: it is a list
 -- of sections, each pasted where this file or admin.lua names it in a
 -- marker: a comment holding @ and the name in double brackets.
 --
@@ -228,8 +229,8 @@ local function decide(KEYS, ARGV)
     ok = rate and interval and kind and burst and buckets and keepalive
         and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
         and rate >= 1 and rate <= (RECORDS and 4294967295 or MAX) and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
-        and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= 1000 and keepalive >= 0 and keepalive <= MAX
-        and (buckets == 0 and 10 or buckets) <= interval and rate <= interval * 1000
+        and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= MAX_BUCKETS and keepalive >= 0 and keepalive <= MAX
+        and (buckets == 0 and DEFAULT_BUCKETS or buckets) <= interval and rate <= interval * 1000
         and (f[5] or 'tokenbucket') == ALGORITHM
     more = f[6]
   end
@@ -262,8 +263,8 @@ local function decide(KEYS, ARGV)
         -- others' are '0', and turning a string into a number costs.
         r, i = r + 0, i + 0
         if b == '0' then b = r else b = b + 0 end
-        if bk == '0' then bk = 10 else bk = bk + 0 end
-        ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= 1000 and bk <= i
+        if bk == '0' then bk = DEFAULT_BUCKETS else bk = bk + 0 end
+        ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= MAX_BUCKETS and bk <= i
         if rates then
           local j = 4 * n
           rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4] = r, i, b, bk
@@ -279,7 +280,7 @@ local function decide(KEYS, ARGV)
   end
   if ok then
     if burst == 0 then burst = rate end
-    if buckets == 0 then buckets = 10 end
+    if buckets == 0 then buckets = DEFAULT_BUCKETS end
     -- A flat state holds each rate's part, ';' between them; rest: the
     -- parts after the one read, kept for the further rates (and, beyond
     -- this handle's, for another handle's default that has more).
@@ -328,7 +329,7 @@ local function decide(KEYS, ARGV)
       states, longest = { nil, nil }, 0 -- sized for one further rate, the usual
       local most = wait
       for i = 1, n do
-        local j, K = 4 * i - 4, i == 1 and '2' or i == 2 and '3' or '4' -- MAX_RATES
+        local j, K = 4 * i - 4, RATE_SUFFIX[i + 1]
         local rate, interval, burst, buckets = rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4]
         if interval > longest then longest = interval end
         local s1, s2
@@ -403,7 +404,7 @@ local function decide(KEYS, ARGV)
     if rates then
       local least, latest, given = remaining, reset, back
       for i = 1, n do
-        local j, K = 4 * i - 4, i == 1 and '2' or i == 2 and '3' or '4' -- MAX_RATES
+        local j, K = 4 * i - 4, RATE_SUFFIX[i + 1]
         local rate, interval, burst, buckets = rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4]
         local s1, s2 = states[2 * i - 1], states[2 * i]
         --[[@more_load]]

@@ -1,0 +1,1305 @@
+-- Declared by script.go's header, from Go.
+local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = 'sliding_window', 1, true, false, false, true
+local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = 4, 10, 1000
+local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by its place in the config
+-- The decision skeleton. script.go assembles one script per algorithm: a
+-- header from Go (script.go's header: the algorithm's stored name, ALGORITHM;
+-- its state keys per client, N; whether its Overall state is fields of
+-- KEYS[1], IN_CONFIG; whether its grants carry the request id, RECORDS;
+-- whether it has a burst or buckets, BURST and BUCKETS; and config.go's
+-- bounds: MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS, and RATE_SUFFIX, each
+-- rate's state field suffix), this file and admin.lua. The algorithm's own file is never run as a whole: it is a list
+-- of sections, each pasted where this file or admin.lua names it in a
+-- marker: a comment holding @ and the name in double brackets.
+--
+-- Why pasting: Redis runs the whole chunk on every call, and every function
+-- created or called and every table built costs about as much as a small
+-- Redis command, and so does each of the chunk's locals a function uses. So
+-- a decision is one straight block, the algorithm's steps pasted into it.
+-- tools.lua's helpers come after the block, where the rarer ops and every
+-- error's full diagnosis (admin.lua) use them; an algorithm's own helpers,
+-- before it, use none of the chunk's locals.
+--
+-- KEYS[1]  the limiter's hash: its config (rate, interval ms, type and
+--          keepAliveTime ms as Redisson keeps them; burst, buckets and
+--          algorithm for ours) and, when IN_CONFIG, the Overall state too;
+--          or, when IN_CONFIG and no config is stored, a flat state: the
+--          Overall state as a string, each rate's as its encode writes it,
+--          ';' between them, with its expiry; or, while no config is
+--          stored and the state is elsewhere (the token bucket's, any
+--          PerClient state), a marker: the algorithm's name, expiring with
+--          that state (see FOREIGN and the decision)
+-- KEYS[2 ..]  the Overall state keys, N of them (none when IN_CONFIG)
+-- KEYS[REGISTRY]  client registry: zset of PerClient ids, score = last grant in ms
+-- KEYS[REQUESTS]  request log: zset of recent request ids, score = when forgotten in ms
+-- KEYS[REQUESTS + 1 ..]  this client's state keys, N of them (one when
+--          IN_CONFIG: a hash), then those of each client named in ARGV[8 ..]
+--          (see admin.lua's state_keys)
+-- Every key costs the call about as much as a small command, so a decision
+-- is sent with KEYS[1 .. REGISTRY - 1] only, unless its handle knows the
+-- limiter is PerClient or logs requests: a PerClient config met with the
+-- short list replies 'perclient', and the handle sends the whole list from
+-- then on.
+-- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl | clients
+-- ARGV[2]  now in µs, or '' to read Redis TIME
+-- ARGV[3]  permits (allow, release) or milliseconds (expire)
+-- ARGV[4]  the handle's config: '' (the stored one only) or 'SOURCE rate
+--          interval-ms type burst buckets keep-alive-ms [MORE]', which Go has
+--          checked; SOURCE is default (while none is stored; defer: the
+--          same, from a handle whose last decision found a hash), fixed
+--          (whatever is stored: Throttle) or new (SetRate); MORE, the config's further
+--          rates as the hash's field more keeps them: 'rate interval-ms burst
+--          buckets' each, space-separated
+-- ARGV[5]  request id: the token bucket's record, the request log's entry
+--          (a decision that needs none is sent without it)
+-- ARGV[6]  how long the request log keeps an id, ms; '' for no log
+-- ARGV[7]  client id (ARGV[6 .. 7] are sent with the whole key list only)
+-- ARGV[8 ..]  other clients' ids (admin ops)
+--
+-- An algorithm's sections share these locals with the skeleton:
+--   rate, interval (ms), kind (0 Overall, 1 PerClient), burst, buckets,
+--   keepalive (ms), stored (a config is stored in KEYS[1]); where: the hash
+--   holding the state, s1 and s2: its stored fields (IN_CONFIG); permits;
+--   K: the suffix of the rate's state fields ('' for the config's own rate,
+--   '2', '3' … for its further ones); longest: the longest interval of the
+--   further rates; expire: set by encode when the state's expiry moves;
+--   value: encode's; flat: a flat state read (see the decision);
+--   flat_write: the state is written flat, by the skeleton.
+-- With several rates, the steps run once per rate: straight for the
+-- config's own, and for the further ones in two loops, with each one's
+-- rate, interval, burst, buckets and K: before the decision, load and wait
+-- (its s1 and s2 kept in states); after it, load again from them, then
+-- commit and write, or release and write, then report.
+-- The sections:
+--   helpers   functions the others use, created before the decision: they
+--             use only what they are given, and globals
+--   fields    , 'name' .. K … the state's hash fields (IN_CONFIG)
+--   own_config  , 'burst' or , 'buckets' when it has one (script.go writes it)
+--   capacity  the most one request may take: rate or burst
+--   load      reads the state as of now into locals of its own
+--   wait      sets wait: 0 or less when permits fit now, else µs until they do
+--   commit    counts a grant in the locals; sets counted = false for a grant
+--             recorded already (a re-sent script)
+--   release   gives back up to permits in the locals; sets back
+--   encode    sets value, the state a commit or release left as one string
+--             (a flat state: its fields' values, space-separated), nil when
+--             nothing is left (write may do without it unless flat_write),
+--             and expire when the state's expiry must move
+--   write     writes the state as fields (HSET, or HDEL when nothing is
+--             left); where expire is set, every field. The skeleton writes
+--             a flat state and sets the expiry, once
+--   decode    sets s1 and s2 from flat, a rate's part of a flat state (IN_CONFIG)
+--   resent    whether a re-sent script was granted (RECORDS), else false
+--   report    sets remaining and reset, µs until the limiter is full again
+--   admin     admin.lua's: TYPES (each state key's Redis type), FIELDS
+--             (the state's hash fields) and settle(keys), which brings the
+--             state in line after a rate change, or nil
+--   more_load, more_wait, more_commit, more_encode, more_write, more_report,
+--   more_release:
+--             a further rate's steps when they differ from the first rate's
+--             (the token bucket's: Redisson's layout holds its first rate only)
+--   tools     tools.lua (script.go)
+--
+-- Every number written or returned is an integer: Lua numbers are doubles and
+-- Redis truncates returned floats. A number given to redis.call is written
+-- with %.17g, exact below 2^53, and string.format's %d writes it exactly for
+-- less; .. writes %.14g, exact below 10^14 only.
+-- Errors are raised as plain strings
+-- 'REDLIMIT …' at level 0 (no position); Redis and miniredis wrap them each
+-- their own way, and script.go takes the message back out. The decision
+-- uses operators where a call would do (x - x % 1 for floor, ARGV[i] + 0 for
+-- tonumber) and trusts the numbers Go sends; what Redis stores is checked.
+
+local MAX = 9007199254740992 -- 2^53
+local NOW_US
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  NOW_US = t[1] * 1000000 + t[2]
+else
+  NOW_US = ARGV[2] + 0
+end
+local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
+local op = ARGV[1]
+
+-- >>> A batch's script (script.go's batchScript) holds what follows, up to
+-- the decision's end, once per algorithm, and runs each request's decision
+-- on its own keys and arguments: nothing here may read KEYS or ARGV but
+-- the decision, which is given them.
+local REGISTRY = IN_CONFIG and 2 or N + 2
+local REQUESTS = REGISTRY + 1
+-- A string in KEYS[1] is a flat state or a marker (see the decision), and
+-- tells the algorithm that wrote it: a marker is the algorithm's name, and
+-- each flat state has its own shape (its encode section), so no tag is
+-- needed and state written before markers existed reads as it did: a
+-- funnel's holds digits and ',' only, a fixed window's a space, a sliding
+-- window's a ':' (';' between rates). FOREIGN matches every string this
+-- algorithm did not write and, besides its marker, none it did; the token
+-- bucket writes only its marker. admin.lua's attribution names the writer.
+local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_window' and '^[^ ]*$'
+    or ALGORITHM == 'sliding_window' and '^[^:]*$' or ''
+
+--[[ helpers ]] 
+
+-- The decision (allow) and its inverse (release), on a request's KEYS and
+-- ARGV: its reply, or nil for a config that is missing or fails a check
+-- here, which goes on to admin.lua, to say what is wrong.
+local function decide(KEYS, ARGV)
+  -- A batch's requests each carry their clock, or '' for the call's.
+  local NOW_US, NOW_MS = NOW_US, NOW_MS
+  if ARGV[2] ~= '' then
+    NOW_US = ARGV[2] + 0
+    NOW_MS = (NOW_US - NOW_US % 1000) / 1000
+  end
+  local op, LOG = ARGV[1], ARGV[6] ~= nil and ARGV[6] ~= ''
+  local rate, interval, kind, burst, buckets, keepalive, stored
+  -- K: the suffix of a rate's state fields, '' for the config's own rate.
+  local K = ''
+
+  -- A client re-sends a script whose reply it did not read (go-redis does on a
+  -- read timeout). Counting it twice only denies sooner, so by default nothing
+  -- guards against it. With WithRetryWindow (LOG), the request log remembers
+  -- each request id for the window: first_run both checks and records the id,
+  -- and is false for a re-run, whose grant is counted already. (The token
+  -- bucket's records hold the id of their latest grant too: see its file.)
+  local first_run = LOG and function()
+    local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[6], ARGV[5])
+    if type(added) == 'table' then
+      error('REDLIMIT corrupt ' .. KEYS[REQUESTS] .. ': ' .. added.err, 0)
+    end
+    if added == 0 then
+      return false
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[REQUESTS], '-inf', NOW_MS)
+    redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[6])
+    return true
+  end
+
+  -- KEYS[1] is a hash, or, for an IN_CONFIG algorithm, a flat state: while
+  -- no config is stored, the Overall state as a plain string (each rate's
+  -- as its encode section writes it), which GET reads and SET … PX writes
+  -- at less cost than HMGET, HSET and PEXPIRE. Each read is the likelier
+  -- one first, and costs a failed command when wrong: GET for a default
+  -- whose last decision found no hash (SOURCE default), HMGET for any
+  -- other (defer, a stored config only, fixed); a token bucket's default
+  -- only asks whether the hash exists. d and a: ARGV[4]'s first and fourth
+  -- bytes, 'd' for either default and 'a' for default.
+  -- f: rate, interval, type, keepAliveTime, algorithm, more, then burst
+  -- (BURST) or buckets (BUCKETS), then the state's fields, or nil; flat:
+  -- the flat state, or nil; none: KEYS[1] does not exist.
+  local d, _, _, a = string.byte(ARGV[4], 1, 4)
+  local f, flat, none, marked = nil, nil, false, false
+  if a == 97 then
+    local got = redis.pcall('GET', KEYS[1])
+    if not got then none = true elseif not got.err then flat = got end
+  end
+  if not flat and not none then
+    f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
+      --[[ own_config ]] , 'buckets'--[[ fields ]] , 'counts' .. K)
+    if not f.err then
+      stored = f[1] or f[2] or f[5]
+    elseif redis.call('TYPE', KEYS[1]).ok == 'string' then
+      flat, f = redis.call('GET', KEYS[1]), nil
+    else
+      error('REDLIMIT corrupt ' .. KEYS[1] .. ': ' .. f.err, 0)
+    end
+  end
+  -- One algorithm's state is never counted by another: a string another
+  -- wrote (see FOREIGN) goes to admin.lua, which names it. This
+  -- algorithm's marker says only that its state is elsewhere: none here.
+  local foreign = false
+  if flat and string.find(flat, FOREIGN) then
+    if flat == ALGORITHM then flat, none, marked = nil, true, true else foreign = true end
+  end
+  local ok, more = not stored and ARGV[4] ~= '' and not foreign, nil
+  local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
+  -- A default that found a hash with neither config nor state of its own
+  -- (its first rate's): a defer sees whether KEYS[1] is there at all, and if
+  -- not, writes the state flat, and the short reply sends the handle back
+  -- to default; else a hash of another algorithm's fields (as Throttle
+  -- leaves a funnel's) goes to admin.lua too. Not on the usual paths.
+  if f and not stored and d == 100 and not (IN_CONFIG and (f[S] or f[S + 1])) then
+    if IN_CONFIG and a == 101 and redis.call('EXISTS', KEYS[1]) == 0 then
+      f, none = nil, true
+    else
+      local g = redis.call('HMGET', KEYS[1], 'tat', 'window', 'counts')
+      ok = ok and not (g[1] or g[2] or g[3]) -- this algorithm's own are empty
+    end
+  end
+  if stored then
+    -- The same checks as admin.lua's stored_config, which names the culprit.
+    rate, interval, kind, keepalive = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0)
+    burst, buckets = 0, 0
+    if BURST then burst = tonumber(f[7] or 0) elseif BUCKETS then buckets = tonumber(f[7] or 0) end
+    ok = rate and interval and kind and burst and buckets and keepalive
+        and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
+        and rate >= 1 and rate <= (RECORDS and 4294967295 or MAX) and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
+        and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= MAX_BUCKETS and keepalive >= 0 and keepalive <= MAX
+        and (buckets == 0 and DEFAULT_BUCKETS or buckets) <= interval and rate <= interval * 1000
+        and (f[5] or 'tokenbucket') == ALGORITHM
+    more = f[6]
+  end
+  -- The handle's config: a default while none is stored, a fixed one
+  -- (Throttle's) even over a stored one, which must still be sound. Go
+  -- wrote it: a '0' needs no converting.
+  if ok and ARGV[4] ~= '' and (not stored or string.sub(ARGV[4], 1, 6) == 'fixed ') then
+    local r, i, options, rest = string.match(ARGV[4], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
+    rate, interval, more = r + 0, i + 0, rest
+    kind, burst, buckets, keepalive = 0, 0, 0, 0
+    if options ~= '0 0 0 0' then -- Overall, no burst, buckets or keep-alive: most defaults
+      local t, b, bk, ka = string.match(options, '^(%d+) (%d+) (%d+) (%d+)$')
+      kind, burst, buckets, keepalive = t + 0, b + 0, bk + 0, ka + 0
+    end
+  end
+  -- The further rates, n of them: rate, interval, burst, buckets of each,
+  -- flat. Each match starts where the last one ended, so the checks cover
+  -- every byte.
+  local rates, n = nil, 0
+  if ok and more and more ~= '' then
+    local last = 0
+    ok = string.byte(more, -1) ~= 32 -- a space
+    while ok and last < #more do
+      local _, r, i, b, bk
+      _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', last + 1)
+      if not last or n == MAX_RATES - 1 then
+        ok = false
+      else
+        -- Only a funnel has a burst and only a sliding window buckets: the
+        -- others' are '0', and turning a string into a number costs.
+        r, i = r + 0, i + 0
+        if b == '0' then b = r else b = b + 0 end
+        if bk == '0' then bk = DEFAULT_BUCKETS else bk = bk + 0 end
+        ok = r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= MAX_BUCKETS and bk <= i
+        if rates then
+          local j = 4 * n
+          rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4] = r, i, b, bk
+        else
+          rates = { r, i, b, bk } -- built whole: one further rate is the usual
+        end
+        n = n + 1
+      end
+    end
+  end
+  if ok and kind == 1 and not KEYS[REGISTRY] then
+    return 'perclient' -- sent with the short key list: see KEYS above
+  end
+  if ok then
+    if burst == 0 then burst = rate end
+    if buckets == 0 then buckets = DEFAULT_BUCKETS end
+    -- A flat state holds each rate's part, ';' between them; rest: the
+    -- parts after the one read, kept for the further rates (and, beyond
+    -- this handle's, for another handle's default that has more).
+    local where, s1, s2, rest = KEYS[1], nil, nil, nil
+    if f then
+      s1, s2 = f[S], f[S + 1]
+    elseif flat then
+      local cut = string.find(flat, ';', 1, true)
+      if cut then -- not one assignment: gopher-lua (miniredis) assigns flat before it reads it again
+        rest = string.sub(flat, cut + 1)
+        flat = string.sub(flat, 1, cut - 1)
+      end
+      if flat ~= '' then
+        --[[ decode ]] s1 = flat
+      end
+    end
+    -- The state is written flat when it can be: see above.
+    local flat_write = IN_CONFIG and not f and kind == 0
+    if IN_CONFIG and kind == 1 then
+      where = KEYS[REQUESTS + 1]
+      local g = redis.pcall('HMGET', where--[[ fields ]] , 'counts' .. K)
+      if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
+      s1, s2 = g[1], g[2]
+    end
+    local permits, decide = ARGV[3] + 0, op == 'allow'
+    local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
+    -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
+    -- then writes every field; wrote: a step wrote anything; value: the
+    -- state as encode left it.
+    local expire, wrote, value = false, false, nil
+    --[[ load ]] -- live: the sub-windows that still count, as index, count, start triples,
+-- oldest first; total: their sum; current: this sub-window's index. Time
+-- never goes back: a request whose clock is behind the newest sub-window
+-- (clocks that disagree under WithClock, or a request that reached Redis
+-- late) is decided as of that sub-window, so nothing it would have counted
+-- has been dropped as stale already.
+local current = NOW_MS * buckets / interval
+current = current - current % 1
+local live, total = {}, 0
+if K ~= '' and type(s1) == 'table' then
+  -- A further rate loaded again after the decision gets back what it
+  -- loaded before (common.lua keeps s1 and s2, set below).
+  live, total = s1, s2
+  if #live > 0 and live[#live - 2] > current then current = live[#live - 2] end
+elseif s1 then
+  -- One pass, each entry matched where the last one ended (the pattern is
+  -- anchored there), so anything but 'digits:digits' entries between
+  -- commas is refused, and + 0 below cannot fail. Starts stay below
+  -- 2^53 / 1000 so that start × buckets is exact. Starts never go back, so
+  -- the sub-windows out of this one's window come first and are skipped;
+  -- after an interval change two may share an index, and are merged.
+  local start, at, n, bad = 0, 1, #s1, string.byte(s1, -1) == 44 -- a trailing ','
+  while at <= n and not bad do
+    local _, e, since, count = string.find(s1, '^(%d+):(%d+),?', at)
+    if e then start = start + since end
+    if not e or start > MAX / 1000 then
+      bad = true
+    else
+      local index = start * buckets / interval
+      index = index - index % 1
+      if index > current - buckets then
+        local m = #live -- not #live in each key: gopher-lua (miniredis) assigns as it goes
+        count = count + 0
+        if m > 0 and live[m - 2] == index then
+          live[m - 1], live[m] = live[m - 1] + count, start
+        else
+          live[m + 1], live[m + 2], live[m + 3] = index, count, start
+        end
+        total = total + count
+      end
+      at = e + 1
+    end
+  end
+  if bad then
+    error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
+  end
+  -- A clock behind the newest sub-window: decided as of that one, whose
+  -- window leaves out more of the oldest.
+  if #live > 0 and live[#live - 2] > current then
+    current = live[#live - 2]
+    local kept = {}
+    total = 0
+    for i = 1, #live, 3 do
+      if live[i] > current - buckets then
+        local m = #kept
+        kept[m + 1], kept[m + 2], kept[m + 3] = live[i], live[i + 1], live[i + 2]
+        total = total + live[i + 1]
+      end
+    end
+    live = kept
+  end
+end
+s1, s2 = live, total
+    local limit = --[[ capacity ]] rate
+    if decide then
+      if permits > limit then
+        retry = -1
+      else
+        --[[ wait ]] -- Enough of the oldest sub-windows must leave the window: the one that
+-- frees the last permit needed leaves when sub-window index + buckets
+-- begins (index × interval / buckets ms, rounded up).
+local need = total + permits - rate
+if need > 0 then
+  wait = interval * 1000 -- not reached: permits <= rate, so the window holds enough to free
+  local freed = 0
+  for i = 1, #live, 3 do
+    freed = freed + live[i + 1]
+    if freed >= need then
+      local leaves = (live[i] + buckets) * interval / buckets
+      wait = (leaves + (-leaves) % 1) * 1000 - NOW_US
+      break
+    end
+  end
+end
+      end
+    end
+    -- The further rates are read before anything is written: each one's
+    -- state goes into states, for its steps after the decision, and a
+    -- decision weighs its wait. Every rate must allow: a denial is bound by
+    -- the longest wait, or by the first rate that can never grant so many.
+    local states, longest
+    if rates then
+      states, longest = { nil, nil }, 0 -- sized for one further rate, the usual
+      local most = wait
+      for i = 1, n do
+        local j, K = 4 * i - 4, RATE_SUFFIX[i + 1]
+        local rate, interval, burst, buckets = rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4]
+        if interval > longest then longest = interval end
+        local s1, s2
+        if IN_CONFIG and (f or where ~= KEYS[1]) then
+          local g = redis.pcall('HMGET', where--[[ fields ]] , 'counts' .. K)
+          if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
+          s1, s2 = g[1], g[2]
+        elseif rest then
+          local flat, cut = rest, string.find(rest, ';', 1, true)
+          rest = nil
+          if cut then
+            rest = string.sub(flat, cut + 1)
+            flat = string.sub(flat, 1, cut - 1)
+          end
+          if flat ~= '' then
+            --[[ more_decode ]] s1 = flat
+          end
+        end
+        --[[ more_load ]] -- live: the sub-windows that still count, as index, count, start triples,
+-- oldest first; total: their sum; current: this sub-window's index. Time
+-- never goes back: a request whose clock is behind the newest sub-window
+-- (clocks that disagree under WithClock, or a request that reached Redis
+-- late) is decided as of that sub-window, so nothing it would have counted
+-- has been dropped as stale already.
+local current = NOW_MS * buckets / interval
+current = current - current % 1
+local live, total = {}, 0
+if K ~= '' and type(s1) == 'table' then
+  -- A further rate loaded again after the decision gets back what it
+  -- loaded before (common.lua keeps s1 and s2, set below).
+  live, total = s1, s2
+  if #live > 0 and live[#live - 2] > current then current = live[#live - 2] end
+elseif s1 then
+  -- One pass, each entry matched where the last one ended (the pattern is
+  -- anchored there), so anything but 'digits:digits' entries between
+  -- commas is refused, and + 0 below cannot fail. Starts stay below
+  -- 2^53 / 1000 so that start × buckets is exact. Starts never go back, so
+  -- the sub-windows out of this one's window come first and are skipped;
+  -- after an interval change two may share an index, and are merged.
+  local start, at, n, bad = 0, 1, #s1, string.byte(s1, -1) == 44 -- a trailing ','
+  while at <= n and not bad do
+    local _, e, since, count = string.find(s1, '^(%d+):(%d+),?', at)
+    if e then start = start + since end
+    if not e or start > MAX / 1000 then
+      bad = true
+    else
+      local index = start * buckets / interval
+      index = index - index % 1
+      if index > current - buckets then
+        local m = #live -- not #live in each key: gopher-lua (miniredis) assigns as it goes
+        count = count + 0
+        if m > 0 and live[m - 2] == index then
+          live[m - 1], live[m] = live[m - 1] + count, start
+        else
+          live[m + 1], live[m + 2], live[m + 3] = index, count, start
+        end
+        total = total + count
+      end
+      at = e + 1
+    end
+  end
+  if bad then
+    error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
+  end
+  -- A clock behind the newest sub-window: decided as of that one, whose
+  -- window leaves out more of the oldest.
+  if #live > 0 and live[#live - 2] > current then
+    current = live[#live - 2]
+    local kept = {}
+    total = 0
+    for i = 1, #live, 3 do
+      if live[i] > current - buckets then
+        local m = #kept
+        kept[m + 1], kept[m + 2], kept[m + 3] = live[i], live[i + 1], live[i + 2]
+        total = total + live[i + 1]
+      end
+    end
+    live = kept
+  end
+end
+s1, s2 = live, total
+        states[2 * i - 1], states[2 * i] = s1, s2
+        local limit = --[[ capacity ]] rate
+        if decide and retry ~= -1 then
+          if permits > limit then
+            retry, bound = -1, i
+          else
+            local wait = 0
+            --[[ more_wait ]] -- Enough of the oldest sub-windows must leave the window: the one that
+-- frees the last permit needed leaves when sub-window index + buckets
+-- begins (index × interval / buckets ms, rounded up).
+local need = total + permits - rate
+if need > 0 then
+  wait = interval * 1000 -- not reached: permits <= rate, so the window holds enough to free
+  local freed = 0
+  for i = 1, #live, 3 do
+    freed = freed + live[i + 1]
+    if freed >= need then
+      local leaves = (live[i] + buckets) * interval / buckets
+      wait = (leaves + (-leaves) % 1) * 1000 - NOW_US
+      break
+    end
+  end
+end
+            if wait > most then
+              most = wait
+              if wait > 0 then bound = i end -- a grant is bound by what it leaves
+            end
+          end
+        end
+      end
+      wait = most
+    end
+    local counted = false
+    if decide and retry ~= -1 then
+      -- Zero permits is a peek: it writes nothing.
+      if wait <= 0 then
+        allowed = 1
+        if permits > 0 and (not LOG or first_run()) then
+          counted = true
+          --[[ commit ]] -- The key's expiry moves only when the current sub-window is new.
+if #live == 0 or live[#live - 2] ~= current then
+  local start = current * interval / buckets
+  live[#live + 1] = current
+  live[#live + 1] = 0
+  live[#live + 1] = start + (-start) % 1
+  expire = true
+end
+live[#live - 1] = live[#live - 1] + permits
+total = total + permits
+          wrote = counted
+        end
+      elseif permits > 0 and (--[[ resent ]] false or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[5])) then
+        allowed = 1 -- a re-sent script whose first run was granted
+      else
+        retry = wait
+      end
+    elseif not decide and (not LOG or first_run()) then
+      wrote = true
+      --[[ release ]] -- Permits come back from the newest sub-windows first; those it empties
+-- go, so the state may expire sooner.
+local left = permits
+for i = #live - 2, 1, -3 do
+  if left == 0 then break end
+  local taken = math.min(left, live[i + 1])
+  live[i + 1] = live[i + 1] - taken
+  left = left - taken
+end
+while #live > 0 and live[#live - 1] == 0 do
+  table.remove(live)
+  table.remove(live)
+  table.remove(live)
+end
+back, expire = permits - left, true
+    end
+    -- What a commit or release left, written as fields; a flat state is
+    -- written below, with its expiry.
+    if wrote then
+      --[[ encode ]] -- The sub-windows that still count, as the field keeps them; none, and the
+-- field goes. Numbers below 10^14 concatenate exactly (Redis formats them
+-- with %.14g): starts in ms and their gaps do; a count may not.
+value = nil
+local before = 0
+for i = 1, #live, 3 do
+  if live[i + 1] > 0 then
+    local count = live[i + 1]
+    if count >= 1e14 then count = string.format('%d', count) end
+    local entry = (live[i + 2] - before) .. ':' .. count
+    if value then value = value .. ',' .. entry else value = entry end
+    before = live[i + 2]
+  end
+end
+      if not flat_write then
+        --[[ write ]] if value then
+  redis.call('HSET', where, 'counts' .. K, value)
+else
+  redis.call('HDEL', where, 'counts' .. K)
+end
+      end
+    end
+    --[[ report ]] -- Full again when the newest sub-window leaves the window.
+remaining = rate - total
+if #live > 0 then
+  local leaves = (live[#live - 2] + buckets) * interval / buckets
+  reset = (leaves + (-leaves) % 1) * 1000 - NOW_US
+end
+    if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+    -- The further rates' steps, each from the state read before: a grant
+    -- counts in every one, a release gives back in every one, and the answer
+    -- is the smallest remaining and the longest reset.
+    -- parts: the further rates' parts of a flat state, each after a ';';
+    -- moved: the expiry of one of them moves; kept: one of them is not empty.
+    local parts, moved, kept
+    if rates then
+      local least, latest, given = remaining, reset, back
+      for i = 1, n do
+        local j, K = 4 * i - 4, RATE_SUFFIX[i + 1]
+        local rate, interval, burst, buckets = rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4]
+        local s1, s2 = states[2 * i - 1], states[2 * i]
+        --[[ more_load ]] -- live: the sub-windows that still count, as index, count, start triples,
+-- oldest first; total: their sum; current: this sub-window's index. Time
+-- never goes back: a request whose clock is behind the newest sub-window
+-- (clocks that disagree under WithClock, or a request that reached Redis
+-- late) is decided as of that sub-window, so nothing it would have counted
+-- has been dropped as stale already.
+local current = NOW_MS * buckets / interval
+current = current - current % 1
+local live, total = {}, 0
+if K ~= '' and type(s1) == 'table' then
+  -- A further rate loaded again after the decision gets back what it
+  -- loaded before (common.lua keeps s1 and s2, set below).
+  live, total = s1, s2
+  if #live > 0 and live[#live - 2] > current then current = live[#live - 2] end
+elseif s1 then
+  -- One pass, each entry matched where the last one ended (the pattern is
+  -- anchored there), so anything but 'digits:digits' entries between
+  -- commas is refused, and + 0 below cannot fail. Starts stay below
+  -- 2^53 / 1000 so that start × buckets is exact. Starts never go back, so
+  -- the sub-windows out of this one's window come first and are skipped;
+  -- after an interval change two may share an index, and are merged.
+  local start, at, n, bad = 0, 1, #s1, string.byte(s1, -1) == 44 -- a trailing ','
+  while at <= n and not bad do
+    local _, e, since, count = string.find(s1, '^(%d+):(%d+),?', at)
+    if e then start = start + since end
+    if not e or start > MAX / 1000 then
+      bad = true
+    else
+      local index = start * buckets / interval
+      index = index - index % 1
+      if index > current - buckets then
+        local m = #live -- not #live in each key: gopher-lua (miniredis) assigns as it goes
+        count = count + 0
+        if m > 0 and live[m - 2] == index then
+          live[m - 1], live[m] = live[m - 1] + count, start
+        else
+          live[m + 1], live[m + 2], live[m + 3] = index, count, start
+        end
+        total = total + count
+      end
+      at = e + 1
+    end
+  end
+  if bad then
+    error('REDLIMIT corrupt ' .. where .. ': field counts' .. K .. ' = ' .. string.format('%q', s1), 0)
+  end
+  -- A clock behind the newest sub-window: decided as of that one, whose
+  -- window leaves out more of the oldest.
+  if #live > 0 and live[#live - 2] > current then
+    current = live[#live - 2]
+    local kept = {}
+    total = 0
+    for i = 1, #live, 3 do
+      if live[i] > current - buckets then
+        local m = #kept
+        kept[m + 1], kept[m + 2], kept[m + 3] = live[i], live[i + 1], live[i + 2]
+        total = total + live[i + 1]
+      end
+    end
+    live = kept
+  end
+end
+s1, s2 = live, total
+        local limit = --[[ capacity ]] rate
+        local remaining, reset, back = 0, 0, 0
+        if counted then
+          --[[ more_commit ]] -- The key's expiry moves only when the current sub-window is new.
+if #live == 0 or live[#live - 2] ~= current then
+  local start = current * interval / buckets
+  live[#live + 1] = current
+  live[#live + 1] = 0
+  live[#live + 1] = start + (-start) % 1
+  expire = true
+end
+live[#live - 1] = live[#live - 1] + permits
+total = total + permits
+        elseif wrote then
+          --[[ more_release ]] -- Permits come back from the newest sub-windows first; those it empties
+-- go, so the state may expire sooner.
+local left = permits
+for i = #live - 2, 1, -3 do
+  if left == 0 then break end
+  local taken = math.min(left, live[i + 1])
+  live[i + 1] = live[i + 1] - taken
+  left = left - taken
+end
+while #live > 0 and live[#live - 1] == 0 do
+  table.remove(live)
+  table.remove(live)
+  table.remove(live)
+end
+back, expire = permits - left, true
+          if back < given then given = back end
+        end
+        if wrote then
+          local value, expire = nil, false
+          --[[ more_encode ]] -- The sub-windows that still count, as the field keeps them; none, and the
+-- field goes. Numbers below 10^14 concatenate exactly (Redis formats them
+-- with %.14g): starts in ms and their gaps do; a count may not.
+value = nil
+local before = 0
+for i = 1, #live, 3 do
+  if live[i + 1] > 0 then
+    local count = live[i + 1]
+    if count >= 1e14 then count = string.format('%d', count) end
+    local entry = (live[i + 2] - before) .. ':' .. count
+    if value then value = value .. ',' .. entry else value = entry end
+    before = live[i + 2]
+  end
+end
+          if flat_write then
+            parts, moved, kept = (parts or '') .. ';' .. (value or ''), moved or expire, kept or value
+          else
+            --[[ more_write ]] if value then
+  redis.call('HSET', where, 'counts' .. K, value)
+else
+  redis.call('HDEL', where, 'counts' .. K)
+end
+          end
+        end
+        --[[ more_report ]] -- Full again when the newest sub-window leaves the window.
+remaining = rate - total
+if #live > 0 then
+  local leaves = (live[#live - 2] + buckets) * interval / buckets
+  reset = (leaves + (-leaves) % 1) * 1000 - NOW_US
+end
+        if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+        if remaining < least then
+          least = remaining
+          if allowed == 1 then bound = i end
+        end
+        if reset > latest then latest = reset end
+      end
+      remaining, reset, back = least, latest, given
+    end
+    -- The state's expiry: a step that moved it, or with several rates any
+    -- write, has the hash expire when the last rate is full again, and a
+    -- flat state is written with its expiry. KEYS[1] holding a stored
+    -- config keeps the config's expiry (none, Expire's, or the keep-alive
+    -- below); another key never outlives the config (Expire, ExpireAt).
+    local cap = stored and keepalive == 0 and (kind == 1 and counted or where ~= KEYS[1] and (expire or rates and wrote))
+        and redis.call('PTTL', KEYS[1])
+    local ms = (reset + (-reset) % 1000) / 1000
+    if ms < 1 then ms = 1 end
+    if flat_write and wrote and (parts or rest) then
+      -- Several rates' parts: gone when every one is empty, and expiring
+      -- when the last rate is full again.
+      if not (value or kept or rest and string.find(rest, '[^;]')) then
+        redis.call('DEL', KEYS[1])
+      else
+        value = (value or '') .. (parts or '') .. (rest and ';' .. rest or '')
+        if expire or moved then
+          redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ms))
+        else
+          redis.call('SET', KEYS[1], value, 'KEEPTTL')
+        end
+      end
+    elseif flat_write then
+      if value and expire then
+        redis.call('SET', KEYS[1], value, 'PX', string.format('%d', ms))
+      elseif value then
+        redis.call('SET', KEYS[1], value, 'KEEPTTL')
+      elseif wrote and flat then
+        redis.call('DEL', KEYS[1])
+      end
+    elseif IN_CONFIG and (expire or rates and wrote) and (where ~= KEYS[1] or not stored) then
+      if cap and cap > 0 and cap < ms then ms = cap end
+      redis.call('PEXPIRE', where, string.format('%d', ms))
+    end
+    -- The token bucket on a default keeps its state in keys the others never
+    -- read: its marker in KEYS[1] (its name, as a string) shows them it is
+    -- there, with the GET they do anyway, and expires with the state. It is
+    -- written when a step wrote the state (a grant: one command) or finds
+    -- it missing (state from before markers), and goes when the state does.
+    -- none: no config, and KEYS[1] empty or holding the marker.
+    if none and not IN_CONFIG and kind == 0 and (wrote or not marked) then
+      if reset > 0 then
+        redis.call('SET', KEYS[1], ALGORITHM, 'PX', string.format('%d', ms))
+      elseif marked then
+        redis.call('DEL', KEYS[1])
+      end
+    end
+    if counted and kind == 1 then
+      -- The registry lets Delete, Reset and Expire reach every client's
+      -- keys. It lives as long as any client's state can: one interval, or
+      -- the time a funnel takes to drain when its burst exceeds its rate,
+      -- the longest of any rate's.
+      local added = redis.pcall('ZADD', KEYS[REGISTRY], NOW_MS, ARGV[7])
+      if type(added) == 'table' then
+        error('REDLIMIT corrupt ' .. KEYS[REGISTRY] .. ': ' .. added.err, 0)
+      end
+      local life = math.max(interval, burst * interval / rate)
+      for j = 1, 4 * n, 4 do
+        life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
+      end
+      local ms = life + (-life) % 1
+      if cap and cap > 0 and cap < ms then ms = cap end
+      redis.call('PEXPIRE', KEYS[REGISTRY], ms)
+      -- PerClient state is in keys of each algorithm's own (and the
+      -- registry, which all share): on a default, a marker in KEYS[1] as the
+      -- token bucket's, but for as long as the registry lives. A flat state
+      -- of this algorithm's there (an Overall default's) names it already.
+      if none then
+        redis.call('SET', KEYS[1], ALGORITHM, 'PX', ms)
+      end
+    end
+    if stored and keepalive > 0 and permits > 0 then
+      -- Every acquire keeps the config alive, granted or denied: a saturated
+      -- limiter is busy, not idle. State in the config hash keeps it alive as
+      -- long as the state counts (a funnel whose burst drains slower).
+      local ttl = keepalive
+      if decide and IN_CONFIG and kind == 0 and reset > ttl * 1000 then
+        ttl = (reset + (-reset) % 1000) / 1000
+      end
+      redis.call('PEXPIRE', KEYS[1], ttl)
+    end
+    if not decide then
+      return back
+    end
+    -- The reply: 'allowed limit remaining retry reset window', integers in
+    -- one string (one value for the client to read, not six): allowed 0 or
+    -- 1, retry after µs (-1: never), reset after µs, window ms: the span
+    -- limit applies to, the interval or the time a funnel's burst takes to
+    -- drain. With several rates, limit and window are still the first
+    -- rate's, and follow: the index of the rate that bound the answer (0
+    -- for the first) and the further rates as more holds them, 'rate
+    -- interval-ms burst buckets' each (the client works out their limits and
+    -- windows: formatting them here would cost every call).
+    -- When the handle's default decided ('default …' or 'defer …') and no
+    -- hash holds the state, its client knows every limit and window:
+    -- 'allowed remaining retry reset', and the bound with several rates.
+    -- That shape also tells it that its next decision finds no hash
+    -- (source default, not defer).
+    if not stored and d == 100 and not (IN_CONFIG and f) then
+      if rates then
+        return string.format('%d %d %d %d %d', allowed, remaining, retry, reset, bound)
+      end
+      return string.format('%d %d %d %d', allowed, remaining, retry, reset)
+    end
+    local window = limit * interval / rate
+    window = window + (-window) % 1
+    if rates then
+      return string.format('%d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, bound) .. more
+    end
+    return string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
+  end
+end
+-- <<< The decision's end.
+
+if op == 'allow' or op == 'release' then
+  local reply = decide(KEYS, ARGV)
+  if reply ~= nil then
+    return reply
+  end
+end
+-- admin.lua's ops set these as the decision does its own.
+local rate, interval, kind, burst, buckets, keepalive, stored
+local K = ''
+-- Everything but a decision: the ops that read or change a limiter as a
+-- whole, and the diagnosis of a config the decision refused. Nothing here is
+-- created on a decision's path.
+
+--[[ tools ]] -- The helpers of the admin ops and of a refused decision's diagnosis.
+-- script.go pastes this file after the decision block, so that no function
+-- is created on a decision's path.
+
+local function fail(why)
+  error('REDLIMIT ' .. why, 0)
+end
+
+-- call runs a command on key and turns an error into a clear one naming the
+-- key and the command (Redis before 7.2 names no command in an ACL refusal).
+local function call(key, command, ...)
+  local reply = redis.pcall(command, ...)
+  if type(reply) == 'table' and reply.err then
+    fail('corrupt ' .. key .. ': ' .. reply.err .. ' (' .. command .. ')')
+  end
+  return reply
+end
+
+-- integer parses a stored field: a whole number within [min, max], or nil when absent.
+local function integer(key, field, value, min, max)
+  if not value then
+    return nil
+  end
+  local n = tonumber(value)
+  if n == nil or n % 1 ~= 0 or n < min or n > max then
+    fail('corrupt ' .. key .. ': field ' .. field .. ' = ' .. string.format('%q', value))
+  end
+  return n
+end
+
+--[[ admin ]] local TYPES, FIELDS, settle = { 'hash' }, { 'counts' }, nil
+
+-- stored_config makes a config of the hash's fields f (HMGET order): every
+-- one is checked, as anything may have written them, and the first one
+-- found wrong is named.
+local function stored_config(f)
+  local key = KEYS[1]
+  local cfg = {
+    rate = integer(key, 'rate', f[1], 1, RECORDS and 4294967295 or MAX), -- the token bucket's: see config.go
+    interval = integer(key, 'interval', f[2], 1, MAX),
+    type = integer(key, 'type', f[3], 0, 1) or 0,
+    burst = integer(key, 'burst', f[4], 0, MAX) or 0,
+    buckets = integer(key, 'buckets', f[5], 0, MAX_BUCKETS) or 0,
+    keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
+  }
+  if cfg.rate == nil or cfg.interval == nil then
+    fail('corrupt ' .. key .. ': rate or interval missing')
+  end
+  if (cfg.buckets == 0 and DEFAULT_BUCKETS or cfg.buckets) > cfg.interval or cfg.rate > cfg.interval * 1000 then
+    fail('corrupt ' .. key .. ': rate or buckets too fine for the interval')
+  end
+  if (f[7] or 'tokenbucket') ~= ALGORITHM then
+    fail('algorithm ' .. key .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
+  end
+  if f[8] and f[8] ~= '' then
+    local _, numbers = string.gsub(f[8], '%d+', '')
+    local sound = numbers % 4 == 0 and numbers <= (MAX_RATES - 1) * 4 and not string.find(f[8], '[^%d ]')
+    for r, i, _, bk in string.gmatch(f[8], '(%d+) (%d+) (%d+) (%d+)') do
+      r, i, bk = r + 0, i + 0, bk + 0
+      sound = sound and r >= 1 and r <= i * 1000 and i <= MAX and bk <= MAX_BUCKETS and (bk == 0 and DEFAULT_BUCKETS or bk) <= i
+    end
+    if not sound then
+      fail('corrupt ' .. key .. ': field more = ' .. string.format('%q', f[8]))
+    end
+    cfg.more = f[8]
+  end
+  return cfg
+end
+
+-- intervals lists a config's intervals, its own rate's first.
+local function intervals(cfg)
+  local list = { cfg.interval }
+  for _, i in string.gmatch(cfg.more or '', '(%d+) (%d+) %d+ %d+') do
+    list[#list + 1] = i + 0
+  end
+  return list
+end
+
+-- RATE_FIELDS lists the state's hash fields for every rate a config may
+-- have: FIELDS, then each suffixed 2, 3 … (IN_CONFIG).
+local RATE_FIELDS = {}
+for k = 1, MAX_RATES do
+  for _, field in ipairs(FIELDS) do
+    RATE_FIELDS[#RATE_FIELDS + 1] = field .. RATE_SUFFIX[k]
+  end
+end
+
+-- keep_usage moves the usage in hash key to the new config's rates: each
+-- keeps the state of the old rate of the same interval, and the others start
+-- afresh; a config of one rate changed to another of one keeps its state,
+-- as it always has. New fields go in first, so that the hash never empties
+-- and keeps its expiry.
+local function keep_usage(key, old, new)
+  local from, to = intervals(old), intervals(new)
+  local values = redis.call('HMGET', key, unpack(RATE_FIELDS))
+  local moved, kept = {}, {}
+  for q, interval_q in ipairs(to) do
+    for p, interval_p in ipairs(from) do
+      if interval_p == interval_q or #from == 1 and #to == 1 then
+        for j = 1, #FIELDS do
+          local value = values[(p - 1) * #FIELDS + j]
+          if value then
+            local field = RATE_FIELDS[(q - 1) * #FIELDS + j]
+            moved[#moved + 1], moved[#moved + 2], kept[field] = field, value, true
+          end
+        end
+      end
+    end
+  end
+  if #moved > 0 then
+    redis.call('HSET', key, unpack(moved))
+  end
+  local gone = {}
+  for i, field in ipairs(RATE_FIELDS) do
+    if values[i] and not kept[field] then
+      gone[#gone + 1] = field
+    end
+  end
+  if #gone > 0 then
+    redis.call('HDEL', key, unpack(gone))
+  end
+end
+
+-- owner names the algorithm that wrote value, a string in KEYS[1]: a
+-- marker is its name, a flat state has its algorithm's shape (see FOREIGN
+-- in common.lua); nil for anything else.
+local function owner(value)
+  if value == 'tokenbucket' or value == 'funnel' or value == 'fixed_window' or value == 'sliding_window' then
+    return value
+  end
+  return string.find(value, '^[%d,;]+$') and 'funnel' or string.find(value, '^[%d ;]+$') and 'fixed_window'
+      or string.find(value, '^[%d:,;]+$') and 'sliding_window' or nil
+end
+
+-- mismatch fails for a limiter whose state another algorithm wrote.
+-- flat reads KEYS[1] when it is a string, which means no config is stored:
+-- a flat state (common.lua), or '' for this algorithm's marker; nil when
+-- KEYS[1] is no string. Another algorithm's fails, as does one no
+-- algorithm wrote.
+local function flat()
+  if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+    return nil
+  end
+  local value = redis.call('GET', KEYS[1])
+  local other = owner(value)
+  if not other then
+    fail('corrupt ' .. KEYS[1] .. ': ' .. string.format('%q', value))
+  elseif other ~= ALGORITHM then
+    fail('algorithm ' .. KEYS[1] .. ' holds a ' .. other .. ' state, not ' .. ALGORITHM)
+  end
+  return value == ALGORITHM and '' or value
+end
+
+-- flat_fields reads a flat state as the hash fields it encodes, field and
+-- value alternating, or nil when KEYS[1] holds none. Each rate's part (';'
+-- between them) is empty or has one space-separated piece per field, of
+-- digits (the sliding window's also ':' and ','), as the algorithm's encode
+-- writes it; anything else is corrupt.
+local function flat_fields()
+  local value, fields, rates = flat(), {}, 0
+  if not value then
+    return nil
+  elseif value == '' then
+    return fields -- a marker
+  end
+  local ok = not string.find(value, '[^%d:, ;]')
+  for part in string.gmatch(value .. ';', '([^;]*);') do
+    rates = rates + 1
+    local K, pieces = rates == 1 and '' or rates .. '', 0
+    for piece in string.gmatch(part, '[^ ]+') do
+      pieces = pieces + 1
+      fields[#fields + 1], fields[#fields + 2] = (FIELDS[pieces] or '') .. K, piece
+    end
+    ok = ok and (pieces == 0 or pieces == #FIELDS) and rates <= MAX_RATES
+  end
+  if not ok then
+    fail('corrupt ' .. KEYS[1] .. ': ' .. string.format('%q', value))
+  end
+  return fields
+end
+
+-- owned reads the limiter's hash (HMGET: the config fields, the algorithm,
+-- more, then the state fields of each algorithm's Overall state), or nil
+-- for a flat state or marker (see flat). Another algorithm's config or state
+-- fails, as scripts/common.lua refuses it: the ops that change a limiter
+-- change only their own algorithm's.
+local function owned()
+  if flat() then
+    return nil
+  end
+  local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
+    'algorithm', 'more', 'tat', 'window', 'counts')
+  local config = f[1] or f[2] or f[7]
+  -- State fields without a config: Throttle's funnel writes them.
+  local other = config and (f[7] or 'tokenbucket') or f[9] and 'funnel' or f[10] and 'fixed_window'
+      or f[11] and 'sliding_window'
+  if other and other ~= ALGORITHM then
+    fail('algorithm ' .. KEYS[1] .. ' holds a ' .. other .. (config and ' config' or ' state') .. ', not ' .. ALGORITHM)
+  end
+  return f
+end
+
+-- read_config reads the limiter's config: the stored one (nil when there is
+-- none) and the fields as owned read them.
+local function read_config()
+  local f = owned()
+  if not f then
+    return nil, {}
+  end
+  if not f[1] and not f[2] and not f[7] then
+    return nil, f
+  end
+  return stored_config(f), f
+end
+
+-- config: stored in Redis > the handle's default > not initialized. It
+-- returns the config in force and the stored one. A 'fixed' config
+-- (Throttle) ignores a stored one; a 'new' one (SetRate) is about to
+-- replace it. It sets the skeleton's locals (rate, interval, …) that the
+-- algorithm's helpers read.
+local function config()
+  local given = { string.match(ARGV[4], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
+  local source, cfg = given[1], nil
+  local old = read_config()
+  if old and source ~= 'fixed' and source ~= 'new' then
+    cfg = old
+  elseif source then
+    cfg = { rate = given[2] + 0, interval = given[3] + 0, type = given[4] + 0, burst = given[5] + 0,
+      buckets = given[6] + 0, keepalive = given[7] + 0, more = given[8] ~= '' and given[8] or nil }
+  else
+    fail('not initialized ' .. KEYS[1])
+  end
+  rate, interval, kind, keepalive, stored = cfg.rate, cfg.interval, cfg.type, cfg.keepalive, old ~= nil
+  burst, buckets = cfg.burst, cfg.buckets
+  if burst == 0 then burst = rate end
+  if buckets == 0 then buckets = DEFAULT_BUCKETS end
+  return cfg, old
+end
+
+if op == 'allow' or op == 'release' then
+  config() -- raises what the decision found wrong
+  fail('corrupt ' .. KEYS[1] .. ': config refused')
+end
+
+-- state_keys returns a group's state keys: group 0 holds the Overall state,
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[8 ..].
+-- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
+-- and each client's in one key. See common.lua for the order of KEYS.
+local function state_keys(group)
+  if IN_CONFIG then
+    if group == 0 then
+      return { KEYS[1] }
+    end
+    return { KEYS[REQUESTS + group] }
+  end
+  local keys = {}
+  for i = 1, N do
+    keys[i] = KEYS[group == 0 and 1 + i or REQUESTS + (group - 1) * N + i]
+  end
+  return keys
+end
+
+-- groups counts the groups of state keys the caller passed.
+local function groups()
+  if IN_CONFIG then
+    return #KEYS - 2
+  end
+  return (#KEYS - 3) / N
+end
+
+-- separate_state_keys lists the state keys that are not KEYS[1].
+local function separate_state_keys()
+  local keys = {}
+  for i = 2, #KEYS do
+    if i ~= REGISTRY and i ~= REQUESTS then
+      keys[#keys + 1] = KEYS[i]
+    end
+  end
+  return keys
+end
+
+-- missing_clients lists registered clients whose keys the caller did not pass:
+-- the ops that act on every client's keys get them from the caller, which
+-- asks again with the missing ones.
+local function missing_clients()
+  local given = {}
+  for i = 8, #ARGV do
+    given[ARGV[i]] = true
+  end
+  local missing = {}
+  for _, id in ipairs(call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)) do
+    if not given[id] and id ~= ARGV[7] then
+      missing[#missing + 1] = id
+    end
+  end
+  return missing
+end
+
+-- delete_state forgets all usage: every client's, and the request log.
+local function delete_state()
+  if flat() then
+    redis.call('DEL', KEYS[1])
+  elseif IN_CONFIG then
+    redis.call('HDEL', KEYS[1], unpack(RATE_FIELDS))
+  end
+  redis.call('DEL', KEYS[REGISTRY], KEYS[REQUESTS], unpack(separate_state_keys()))
+end
+
+local function write_config(cfg)
+  redis.call('HSET', KEYS[1], 'rate', cfg.rate, 'interval', cfg.interval, 'type', cfg.type,
+    'keepAliveTime', cfg.keepalive)
+  if ALGORITHM ~= 'tokenbucket' then
+    redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
+  end
+  for _, field in ipairs({ 'burst', 'buckets', 'more' }) do
+    if cfg[field] == 0 or cfg[field] == nil then
+      redis.call('HDEL', KEYS[1], field)
+    else
+      redis.call('HSET', KEYS[1], field, cfg[field])
+    end
+  end
+  if cfg.keepalive > 0 then
+    redis.call('PEXPIRE', KEYS[1], cfg.keepalive)
+  else
+    redis.call('PERSIST', KEYS[1])
+  end
+end
+
+-- cap_expiry gives every key a TTL of at most ttl_ms, keeping shorter ones,
+-- and reports whether any key exists.
+local function cap_expiry(keys, ttl_ms)
+  local any = 0
+  for _, key in ipairs(keys) do
+    local left = redis.call('PTTL', key)
+    if left == -1 or left > ttl_ms then
+      any = any + redis.call('PEXPIRE', key, ttl_ms)
+    elseif left >= 0 then
+      any = 1
+    end
+  end
+  return math.min(any, 1)
+end
+
+if op == 'get' then
+  local cfg = read_config()
+  if not cfg then return {} end
+  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive, cfg.more or '' }
+end
+if op == 'ttl' then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl ~= -2 then return ttl end
+  for _, key in ipairs(separate_state_keys()) do
+    ttl = math.max(ttl, redis.call('PTTL', key))
+  end
+  return ttl
+end
+if op == 'clients' then
+  return call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)
+end
+if op == 'persist' then
+  if not read_config() then
+    return 0 -- state in the hash without a config expires when the limiter is full
+  end
+  return redis.call('PERSIST', KEYS[1])
+end
+
+-- The ops below act on every client's keys.
+local missing = missing_clients()
+if #missing > 0 then
+  return { 'missing', missing }
+end
+if op == 'reset' then
+  owned()
+  delete_state()
+  return 1
+end
+if op == 'delete' then
+  return math.min(1, redis.call('DEL', KEYS[1], KEYS[REGISTRY], KEYS[REQUESTS], unpack(separate_state_keys())))
+end
+if op == 'expire' then
+  owned()
+  local keys = separate_state_keys()
+  table.insert(keys, 1, KEYS[1])
+  table.insert(keys, 2, KEYS[REGISTRY])
+  table.insert(keys, 3, KEYS[REQUESTS])
+  return cap_expiry(keys, tonumber(ARGV[3]))
+end
+if op == 'set' or op == 'tryset' then
+  local new, old = config()
+  if old and op == 'tryset' then
+    return 0
+  end
+  -- Check every state key before writing anything: bad state leaves all as it was.
+  local fields = flat_fields()
+  for group = 0, groups() - 1 do
+    for i, key in ipairs(state_keys(group)) do
+      local t = redis.call('TYPE', key)['ok']
+      local want = TYPES[i]
+      if t ~= 'none' and t ~= want and not (key == KEYS[1] and fields) then
+        fail('corrupt ' .. key .. ': a ' .. t .. ', not a ' .. want)
+      end
+    end
+  end
+  if fields then
+    -- A flat state becomes the config hash's fields. SET comes first: Redis
+    -- refuses a script's first write when out of memory, and never DEL.
+    redis.call('SET', KEYS[1], '', 'KEEPTTL')
+    redis.call('DEL', KEYS[1])
+    if #fields > 0 then
+      redis.call('HSET', KEYS[1], unpack(fields))
+    end
+  end
+  write_config(new)
+  stored = true
+  if old and old.type ~= new.type then
+    delete_state() -- usage under one type means nothing under the other
+  else
+    if new.type == 1 and IN_CONFIG then
+      redis.call('HDEL', KEYS[1], unpack(RATE_FIELDS)) -- Overall usage left by a default
+    end
+    for group = 0, groups() - 1 do
+      if settle then
+        settle(state_keys(group))
+      elseif old and IN_CONFIG and (group == 0) == (new.type == 0) then
+        keep_usage(state_keys(group)[1], old, new)
+      end
+    end
+  end
+  return 1
+end
+fail('unknown op ' .. op)
