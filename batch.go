@@ -256,7 +256,7 @@ func (c *Client) sendBatch(g *batcher, b *batch) {
 		defer cancel()
 	}
 	if c.now != nil {
-		b.args[1] = c.now().UnixMicro() // no TIME: members carry their clocks
+		b.args[argNow-1] = c.now().UnixMicro() // no TIME: members carry their clocks
 	}
 	reply, err := c.runDeciding(ctx, len(b.members), batchScript, b.keys, b.args)
 	replies, ok := reply.([]any)

@@ -82,7 +82,20 @@ var (
 	noArg any = ""
 )
 
-// Where the config a script is given comes from (ARGV[4]).
+// The scripts' arguments, by position (ARGV[i]): declared here once, sent
+// in this order by eval, and named so in the scripts by script.go's header.
+const (
+	argOp        = 1 + iota // allow | release | get | set | …
+	argNow                  // µs, or '' for Redis TIME
+	argPermits              // permits, or ms for expire
+	argConfig               // the handle's config (Config.arg), or ''
+	argID                   // the request id, when it needs one
+	argLogWindow            // the request log's window in ms, or ''
+	argClientID             // this client's id
+	argOthers               // other clients' ids, to the end (admin ops)
+)
+
+// Where the config a script is given comes from (ARGV[argConfig]).
 const (
 	sourceNone    = ""        // the stored one only
 	sourceDefault = "default" // WithDefault: the handle's while none is stored
@@ -122,8 +135,8 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	// Every key and argument costs Redis about as much as a small command: a
 	// decision on a limiter not known to be PerClient, with no request log,
 	// goes with the config's and the Overall state's keys only, and without
-	// the log's window and the client id (ARGV[6 .. 7]); one that records no
-	// id goes without ARGV[5] too.
+	// the log's window and the client id (argLogWindow, argClientID); one
+	// that records no id goes without argID too.
 	decision := req.op == opAllow || req.op == opRelease
 	short := decision && c.retryWindow == 0 && !l.perClient.Load()
 	keys := l.keyArgs
@@ -132,15 +145,16 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	if decision && l.stored != nil && l.stored.Load() {
 		config = l.deferConfig
 	}
-	args := append((*pooled)[:0], req.op, now, n, config)
+	args := (*pooled)[:argOthers-1]
+	args[argOp-1], args[argNow-1], args[argPermits-1], args[argConfig-1] = req.op, now, n, config
+	args[argID-1], args[argLogWindow-1], args[argClientID-1] = id, c.retryWindowArg, l.clientID
 	if short {
-		keys = keys[:len(keys)-2-len(l.alg.state)]
-	}
-	if !short || id != noArg {
-		args = append(args, id)
-	}
-	if !short {
-		args = append(args, c.retryWindowArg, l.clientID)
+		keys = keys[:l.alg.registry()-1]
+		if id == noArg {
+			args = args[:argConfig]
+		} else {
+			args = args[:argID]
+		}
 	}
 	if len(req.clients) > 0 {
 		keys = slices.Clone(keys)

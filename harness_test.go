@@ -68,8 +68,9 @@ func (h *commandLog) record(cmd redis.Cmder) {
 	h.names = append(h.names, name)
 	if name == "evalsha" && len(args) > 2 {
 		h.numKeys = append(h.numKeys, args[2])
-		if n, ok := args[2].(int); ok && len(args) > 3+n+3 && (args[3+n] == "allow" || args[3+n] == "release") {
-			source, _, _ := strings.Cut(fmt.Sprint(args[3+n+3]), " ")
+		// evalsha sha numkeys keys... then the scripts' arguments (argOp …).
+		if n, ok := args[2].(int); ok && len(args) > 2+n+argConfig && (args[2+n+argOp] == "allow" || args[2+n+argOp] == "release") {
+			source, _, _ := strings.Cut(fmt.Sprint(args[2+n+argConfig]), " ")
 			h.sources = append(h.sources, source)
 		}
 	}

@@ -39,6 +39,17 @@ type algorithm struct {
 	burst, buckets bool
 }
 
+// registry is the position of the client registry in a limiter's keys
+// (KEYS[REGISTRY], 1-based): after the config hash and, unless the Overall
+// state is the hash's fields, the Overall state's keys. The request log
+// follows it, then this client's state keys (see scripts/common.lua).
+func (a algorithm) registry() int {
+	if a.inConfig {
+		return 2
+	}
+	return 2 + len(a.state)
+}
+
 // newAlgorithm gives a its script: scripts/common.lua, file and
 // scripts/admin.lua, for the algorithm stored as a.name.
 func newAlgorithm(a algorithm, file string) algorithm {
@@ -91,7 +102,7 @@ type Limiter struct {
 	// The config the scripts are given: sourceNone (the stored one only),
 	// sourceDefault (WithDefault: dflt while none is stored), sourceFixed
 	// (Throttle's, whatever is stored) or sourceNew (SetRate's); config is
-	// ARGV[4], source and config in one string (Config.arg).
+	// ARGV[argConfig], source and config in one string (Config.arg).
 	source string
 	config any
 	dflt   Config

@@ -47,10 +47,18 @@ func newScript(a algorithm, file string) *script {
 	return scriptOf(a.name, src)
 }
 
-// header declares what the scripts know of Go: the algorithm (see
-// scripts/common.lua) and config.go's bounds, so that neither side types
-// the other's numbers again.
+// header declares what an algorithm's script knows of Go: what every
+// script shares (sharedHeader), then the algorithm (see scripts/common.lua)
+// and where its keys are, so that neither side types the other's numbers
+// again.
 func header(a algorithm) string {
+	return sharedHeader() + algorithmHeader(a)
+}
+
+// sharedHeader declares the arguments' positions (call.go's arg constants)
+// and config.go's bounds. The batch script declares them once, for all the
+// algorithms it holds.
+func sharedHeader() string {
 	suffixes := make([]string, maxRates)
 	for i := range suffixes {
 		if i > 0 {
@@ -58,11 +66,18 @@ func header(a algorithm) string {
 		}
 	}
 	return fmt.Sprintf("-- Declared by script.go's header, from Go.\n"+
-		"local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = '%s', %d, %t, %t, %t, %t\n"+
+		"local OP, NOW, PERMITS, CONFIG, ID, LOG_WINDOW, CLIENT_ID, OTHERS = %d, %d, %d, %d, %d, %d, %d, %d -- ARGV's\n"+
 		"local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = %d, %d, %d\n"+
 		"local RATE_SUFFIX = { '%s' } -- a rate's state fields' suffix, by its place in the config\n",
-		a.name, len(a.state), a.inConfig, a.records, a.burst, a.buckets,
+		argOp, argNow, argPermits, argConfig, argID, argLogWindow, argClientID, argOthers,
 		maxRates, defaultBuckets, maxBuckets, strings.Join(suffixes, "', '"))
+}
+
+// algorithmHeader declares the algorithm and the positions of its keys.
+func algorithmHeader(a algorithm) string {
+	return fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = '%s', %d, %t, %t, %t, %t\n"+
+		"local REGISTRY, REQUESTS = %d, %d -- KEYS': the client registry, the request log\n",
+		a.name, len(a.state), a.inConfig, a.records, a.burst, a.buckets, a.registry(), a.registry()+1)
 }
 
 func scriptOf(name, src string) *script {
@@ -82,12 +97,13 @@ const batchBegins, batchEnds = "-- >>>", "-- <<<"
 func newBatchScript(algs ...algorithm) *script {
 	common := readScript("common.lua")
 	var b strings.Builder
+	b.WriteString(sharedHeader())
 	b.WriteString(common[:strings.Index(common, batchBegins)])
 	b.WriteString("local makers = {}\n")
 	for _, a := range algs {
 		src := a.script.src
 		begin, end := strings.Index(src, batchBegins), strings.Index(src, batchEnds)
-		fmt.Fprintf(&b, "makers['%s'] = function()\n%s%s\nreturn decide\nend\n\n", a.name, header(a), src[begin:end])
+		fmt.Fprintf(&b, "makers['%s'] = function()\n%s%s\nreturn decide\nend\n\n", a.name, algorithmHeader(a), src[begin:end])
 	}
 	b.WriteString(readScript("batch.lua"))
 	return scriptOf("batch", b.String())
@@ -132,7 +148,7 @@ func paste(skeleton, algorithm string) string {
 		// A banner names the section where it starts, for a reader of the
 		// assembled script (scripts/assembled): a block comment, as some
 		// places are within a line.
-		skeleton = strings.ReplaceAll(skeleton, marker, "--[[ "+name+" ]] "+strings.TrimSuffix(text, "\n"))
+		skeleton = strings.ReplaceAll(skeleton, marker, "--[[ "+name+" ]] "+strings.TrimRight(text, "\n"))
 	}
 	if at := strings.Index(skeleton, "--[[@"); at >= 0 {
 		panic("redlimit: no section for " + skeleton[at:at+strings.IndexByte(skeleton[at:], ']')+2])

@@ -195,7 +195,7 @@ end
 -- replace it. It sets the skeleton's locals (rate, interval, …) that the
 -- algorithm's helpers read.
 local function config()
-  local given = { string.match(ARGV[4], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
+  local given = { string.match(ARGV[CONFIG], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
   local source, cfg = given[1], nil
   local old = read_config()
   if old and source ~= 'fixed' and source ~= 'new' then
@@ -260,12 +260,12 @@ end
 -- asks again with the missing ones.
 local function missing_clients()
   local given = {}
-  for i = 8, #ARGV do
+  for i = OTHERS, #ARGV do
     given[ARGV[i]] = true
   end
   local missing = {}
   for _, id in ipairs(call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)) do
-    if not given[id] and id ~= ARGV[7] then
+    if not given[id] and id ~= ARGV[CLIENT_ID] then
       missing[#missing + 1] = id
     end
   end
@@ -359,7 +359,7 @@ if op == 'expire' then
   table.insert(keys, 1, KEYS[1])
   table.insert(keys, 2, KEYS[REGISTRY])
   table.insert(keys, 3, KEYS[REQUESTS])
-  return cap_expiry(keys, tonumber(ARGV[3]))
+  return cap_expiry(keys, tonumber(ARGV[PERMITS]))
 end
 if op == 'set' or op == 'tryset' then
   local new, old = config()

@@ -7,8 +7,14 @@
 
 --[[@fields]]
 , 'window' .. K, 'count' .. K
+
 --[[@capacity]]
 rate
+
+--[[@decode]]
+-- A flat state is 'start count'; anything else fails load's checks.
+s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
+
 --[[@load]]
 -- Windows never go back: a request whose clock is behind the stored window's
 -- (clocks that disagree under WithClock, or a request that reached Redis
@@ -29,30 +35,28 @@ if s1 or s2 then
   end
 end
 local ends = (start + interval) * 1000
+
 --[[@wait]]
 if count + permits > rate then
   wait = ends - NOW_US
 end
+
 --[[@commit]]
 count = count + permits
+
 --[[@resent]]
 false
---[[@report]]
-remaining = rate - count
-if count > 0 then
-  reset = ends - NOW_US
-end
+
 --[[@release]]
 back = math.min(permits, count)
 count = count - back
---[[@decode]]
--- A flat state is 'start count'; anything else fails load's checks.
-s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
+
 --[[@encode]]
 -- A new window's first step moves the state's expiry; the others keep it.
 -- Only a flat state needs the string: write uses start and count.
 value = count > 0 and flat_write and string.format('%d %d', start, count) or nil
 expire = count > 0 and start ~= stored_start
+
 --[[@write]]
 -- Within a window, a step writes the count and nothing else.
 if count <= 0 then
@@ -62,5 +66,12 @@ elseif not expire then
 else
   redis.call('HSET', where, 'window' .. K, string.format('%d', start), 'count' .. K, string.format('%d', count))
 end
+
+--[[@report]]
+remaining = rate - count
+if count > 0 then
+  reset = ends - NOW_US
+end
+
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'window', 'count' }, nil

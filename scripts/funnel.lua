@@ -63,8 +63,13 @@ end
 
 --[[@fields]]
 , 'tat' .. K
+
 --[[@capacity]]
 burst
+
+--[[@decode]]
+s1 = flat
+
 --[[@load]]
 -- The emission interval is pe + pr / rate µs, and the tolerance, burst of
 -- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
@@ -99,6 +104,7 @@ if s1 then
     tat, tatf = NOW_US + tolerance, tf
   end
 end
+
 --[[@wait]]
 -- Permits fit when tat + permits × emission ≤ now + tolerance: the wait is
 -- the exact difference, rounded up to whole µs.
@@ -111,6 +117,7 @@ else
 end
 wait = tat - NOW_US - w
 if tatf > f then wait = wait + 1 end
+
 --[[@commit]]
 local w, f = permits * pe, permits * pr
 if f < 4503599627370496 then
@@ -121,8 +128,34 @@ else
 end
 tat, tatf = tat + w, tatf + f
 if tatf >= rate then tat, tatf = tat + 1, tatf - rate end
+
 --[[@resent]]
 false
+
+--[[@release]]
+back = count(tat - NOW_US, tatf, pe, pr, rate)
+if back > permits then back = permits end
+local w, f = times(back, pe, pr, rate)
+tat, tatf = tat - w, tatf - f
+if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
+
+--[[@encode]]
+-- An empty funnel has no state; every other moves its expiry.
+value = nil
+if tatf > 0 then
+  value = string.format('%d,%d', tat, tatf)
+elseif tat > NOW_US then
+  value = string.format('%d', tat)
+end
+expire = value ~= nil
+
+--[[@write]]
+if value then
+  redis.call('HSET', where, 'tat' .. K, value)
+else
+  redis.call('HDEL', where, 'tat' .. K)
+end
+
 --[[@report]]
 -- Until the funnel is empty, rounded up; and the permits that fit now: the
 -- whole emission intervals in tolerance − (TAT − now), never below 0.
@@ -140,28 +173,6 @@ do
   end
 end
 if tatf > 0 then reset = reset + 1 end
---[[@release]]
-back = count(tat - NOW_US, tatf, pe, pr, rate)
-if back > permits then back = permits end
-local w, f = times(back, pe, pr, rate)
-tat, tatf = tat - w, tatf - f
-if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
---[[@decode]]
-s1 = flat
---[[@encode]]
--- An empty funnel has no state; every other moves its expiry.
-value = nil
-if tatf > 0 then
-  value = string.format('%d,%d', tat, tatf)
-elseif tat > NOW_US then
-  value = string.format('%d', tat)
-end
-expire = value ~= nil
---[[@write]]
-if value then
-  redis.call('HSET', where, 'tat' .. K, value)
-else
-  redis.call('HDEL', where, 'tat' .. K)
-end
+
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'tat' }, nil

@@ -14,8 +14,13 @@
 
 --[[@fields]]
 , 'counts' .. K
+
 --[[@capacity]]
 rate
+
+--[[@decode]]
+s1 = flat
+
 --[[@load]]
 -- live: the sub-windows that still count, as index, count, start triples,
 -- oldest first; total: their sum; current: this sub-window's index. Time
@@ -80,6 +85,7 @@ elseif s1 then
   end
 end
 s1, s2 = live, total
+
 --[[@wait]]
 -- Enough of the oldest sub-windows must leave the window: the one that
 -- frees the last permit needed leaves when sub-window index + buckets
@@ -97,6 +103,7 @@ if need > 0 then
     end
   end
 end
+
 --[[@commit]]
 -- The key's expiry moves only when the current sub-window is new.
 if #live == 0 or live[#live - 2] ~= current then
@@ -108,15 +115,10 @@ if #live == 0 or live[#live - 2] ~= current then
 end
 live[#live - 1] = live[#live - 1] + permits
 total = total + permits
+
 --[[@resent]]
 false
---[[@report]]
--- Full again when the newest sub-window leaves the window.
-remaining = rate - total
-if #live > 0 then
-  local leaves = (live[#live - 2] + buckets) * interval / buckets
-  reset = (leaves + (-leaves) % 1) * 1000 - NOW_US
-end
+
 --[[@release]]
 -- Permits come back from the newest sub-windows first; those it empties
 -- go, so the state may expire sooner.
@@ -133,8 +135,7 @@ while #live > 0 and live[#live - 1] == 0 do
   table.remove(live)
 end
 back, expire = permits - left, true
---[[@decode]]
-s1 = flat
+
 --[[@encode]]
 -- The sub-windows that still count, as the field keeps them; none, and the
 -- field goes. Numbers below 10^14 concatenate exactly (Redis formats them
@@ -150,11 +151,21 @@ for i = 1, #live, 3 do
     before = live[i + 2]
   end
 end
+
 --[[@write]]
 if value then
   redis.call('HSET', where, 'counts' .. K, value)
 else
   redis.call('HDEL', where, 'counts' .. K)
 end
+
+--[[@report]]
+-- Full again when the newest sub-window leaves the window.
+remaining = rate - total
+if #live > 0 then
+  local leaves = (live[#live - 2] + buckets) * interval / buckets
+  reset = (leaves + (-leaves) % 1) * 1000 - NOW_US
+end
+
 --[[@admin]]
 local TYPES, FIELDS, settle = { 'hash' }, { 'counts' }, nil

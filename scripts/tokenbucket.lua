@@ -111,8 +111,12 @@ local function running(grants, member, tag)
 end
 
 --[[@fields]]
+
 --[[@capacity]]
 rate
+
+--[[@decode]]
+
 --[[@load]]
 -- The permits available: rate − Σ(log in the window). The value key caches
 -- rate − Σ(log), as Redisson keeps it: the records that left the window
@@ -141,6 +145,7 @@ if not cached or cached + available > rate then
 else
   available = cached + available
 end
+
 --[[@wait]]
 -- Enough of the oldest records in the window must age out: of one permit or
 -- more each, so need records at most. When the whole window frees too few,
@@ -165,13 +170,14 @@ if permits > available then
   end
 end
 dirty = changed and permits > 0
+
 --[[@commit]]
 -- The grant joins its slice's record (see the top), which takes its time
 -- and id: a record whose id is this request's is its own first run's. Its
 -- member is written before the old one goes, with NX: a member there
 -- already is this request's too (alone in an older record).
 local member, score, start = slice(log, NOW_MS, interval)
-if member and string.sub(member, 2, 17) == ARGV[5] then
+if member and string.sub(member, 2, 17) == ARGV[ID] then
   counted = false
 else
   local n, at, merge = permits, NOW_MS, member and score >= start
@@ -184,7 +190,7 @@ else
       at = score -- a grant stamped later, by a client whose clock is ahead
     end
   end
-  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), record(n, '\16' .. ARGV[5])) == 1
+  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), record(n, '\16' .. ARGV[ID])) == 1
   if counted then
     if merge then
       redis.call('ZREM', log, member)
@@ -193,28 +199,10 @@ else
   end
 end
 dirty = changed or aged
---[[@write]]
--- Nothing: report writes Redisson's keys, once.
---[[@encode]]
--- Never flat: Redisson's layout is a hash.
---[[@decode]]
+
 --[[@resent]]
-sent(log, NOW_MS, interval, ARGV[5])
---[[@report]]
--- The bucket is full again when its newest record ages out. The state any
--- step left is written here, with both keys expiring then.
-remaining, reset = available, granted
-if not granted then
-  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
-  reset = newest and (newest + interval) * 1000 - NOW_US or 0
-  if reset < 0 then reset = 0 end
-end
-if dirty then
-  if aged then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-  end
-  store(value_key, log, available, reset > 0 and ttl(reset, stored and keepalive == 0 and KEYS[1]))
-end
+sent(log, NOW_MS, interval, ARGV[ID])
+
 --[[@release]]
 -- Permits come off the newest records, so that the log and the value stay
 -- in agreement; a record partly given back keeps its time and id. Records
@@ -246,6 +234,29 @@ while left > 0 do
   redis.call('ZREM', log, unpack(gone))
 end
 available, back, dirty = available + permits - left, permits - left, true
+
+--[[@encode]]
+-- Never flat: Redisson's layout is a hash.
+
+--[[@write]]
+-- Nothing: report writes Redisson's keys, once.
+
+--[[@report]]
+-- The bucket is full again when its newest record ages out. The state any
+-- step left is written here, with both keys expiring then.
+remaining, reset = available, granted
+if not granted then
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
+  reset = newest and (newest + interval) * 1000 - NOW_US or 0
+  if reset < 0 then reset = 0 end
+end
+if dirty then
+  if aged then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+  end
+  store(value_key, log, available, reset > 0 and ttl(reset, stored and keepalive == 0 and KEYS[1]))
+end
+
 --[[@more_load]]
 -- A further rate cannot share Redisson's log: a Java client prunes it to the
 -- first rate's interval. It keeps records of its own in the grants log,
@@ -279,6 +290,7 @@ if not s1 then
   end
 end
 local used, total, last = s1, s2[1], s2[2]
+
 --[[@more_wait]]
 -- Enough of the oldest records in the window must leave it: records of one
 -- permit or more, so need records at most.
@@ -294,6 +306,7 @@ if need > 0 then
     end
   end
 end
+
 --[[@more_commit]]
 -- The grant joins its slice's record, whose time never goes back, so that
 -- the totals grow with the scores. A new record first drops the rate's
@@ -315,11 +328,7 @@ redis.call('ZADD', grants, string.format('%d', base + last), string.format('%016
 if K == '2' then
   redis.call('PEXPIRE', grants, ttl((last + longest) * 1000 - NOW_US, stored and keepalive == 0 and KEYS[1]))
 end
---[[@more_report]]
-remaining = rate - used
-if used > 0 then
-  reset = (last + interval) * 1000 - NOW_US
-end
+
 --[[@more_release]]
 -- Permits come off the rate's newest records in its window, as the first
 -- rate's do; the newest left then says when the rate is full again.
@@ -350,6 +359,13 @@ local newest = redis.call('ZREVRANGEBYSCORE', grants, top, string.format('%d', b
 if #newest > 0 then
   last = tonumber(newest[2]) - base
 end
+
+--[[@more_report]]
+remaining = rate - used
+if used > 0 then
+  reset = (last + interval) * 1000 - NOW_US
+end
+
 --[[@admin]]
 local TYPES, FIELDS = { 'string', 'zset', 'zset' }, {}
 

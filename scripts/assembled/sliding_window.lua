@@ -1,14 +1,18 @@
 -- Declared by script.go's header, from Go.
-local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = 'sliding_window', 1, true, false, false, true
+local OP, NOW, PERMITS, CONFIG, ID, LOG_WINDOW, CLIENT_ID, OTHERS = 1, 2, 3, 4, 5, 6, 7, 8 -- ARGV's
 local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = 4, 10, 1000
 local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by its place in the config
+local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = 'sliding_window', 1, true, false, false, true
+local REGISTRY, REQUESTS = 2, 3 -- KEYS': the client registry, the request log
 -- The decision skeleton. script.go assembles one script per algorithm: a
 -- header from Go (script.go's header: the algorithm's stored name, ALGORITHM;
 -- its state keys per client, N; whether its Overall state is fields of
 -- KEYS[1], IN_CONFIG; whether its grants carry the request id, RECORDS;
 -- whether it has a burst or buckets, BURST and BUCKETS; and config.go's
 -- bounds: MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS, and RATE_SUFFIX, each
--- rate's state field suffix), this file and admin.lua. The algorithm's own file is never run as a whole: it is a list
+-- rate's state field suffix; the positions of the arguments, OP … OTHERS,
+-- and of the keys, REGISTRY and REQUESTS, as Go sends them), this file and
+-- admin.lua. The algorithm's own file is never run as a whole: it is a list
 -- of sections, each pasted where this file or admin.lua names it in a
 -- marker: a comment holding @ and the name in double brackets.
 --
@@ -40,21 +44,22 @@ local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by i
 -- limiter is PerClient or logs requests: a PerClient config met with the
 -- short list replies 'perclient', and the handle sends the whole list from
 -- then on.
--- ARGV[1]  op: allow | release | get | set | tryset | reset | delete | expire | persist | ttl | clients
--- ARGV[2]  now in µs, or '' to read Redis TIME
--- ARGV[3]  permits (allow, release) or milliseconds (expire)
--- ARGV[4]  the handle's config: '' (the stored one only) or 'SOURCE rate
+-- ARGV, by the names the header declares (call.go's arg constants):
+-- ARGV[1]  OP: allow | release | get | set | tryset | reset | delete | expire | persist | ttl | clients
+-- ARGV[2]  NOW: now in µs, or '' to read Redis TIME
+-- ARGV[3]  PERMITS: permits (allow, release) or milliseconds (expire)
+-- ARGV[4]  CONFIG: the handle's config: '' (the stored one only) or 'SOURCE rate
 --          interval-ms type burst buckets keep-alive-ms [MORE]', which Go has
 --          checked; SOURCE is default (while none is stored; defer: the
 --          same, from a handle whose last decision found a hash), fixed
 --          (whatever is stored: Throttle) or new (SetRate); MORE, the config's further
 --          rates as the hash's field more keeps them: 'rate interval-ms burst
 --          buckets' each, space-separated
--- ARGV[5]  request id: the token bucket's record, the request log's entry
+-- ARGV[5]  ID: request id: the token bucket's record, the request log's entry
 --          (a decision that needs none is sent without it)
--- ARGV[6]  how long the request log keeps an id, ms; '' for no log
--- ARGV[7]  client id (ARGV[6 .. 7] are sent with the whole key list only)
--- ARGV[8 ..]  other clients' ids (admin ops)
+-- ARGV[6]  LOG_WINDOW: how long the request log keeps an id, ms; '' for no log
+-- ARGV[7]  CLIENT_ID: client id (ARGV[6 .. 7] are sent with the whole key list only)
+-- ARGV[8 ..]  OTHERS: other clients' ids (admin ops)
 --
 -- An algorithm's sections share these locals with the skeleton:
 --   rate, interval (ms), kind (0 Overall, 1 PerClient), burst, buckets,
@@ -112,21 +117,19 @@ local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by i
 
 local MAX = 9007199254740992 -- 2^53
 local NOW_US
-if ARGV[2] == '' then
+if ARGV[NOW] == '' then
   local t = redis.call('TIME')
   NOW_US = t[1] * 1000000 + t[2]
 else
-  NOW_US = ARGV[2] + 0
+  NOW_US = ARGV[NOW] + 0
 end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
-local op = ARGV[1]
+local op = ARGV[OP]
 
 -- >>> A batch's script (script.go's batchScript) holds what follows, up to
 -- the decision's end, once per algorithm, and runs each request's decision
 -- on its own keys and arguments: nothing here may read KEYS or ARGV but
 -- the decision, which is given them.
-local REGISTRY = IN_CONFIG and 2 or N + 2
-local REQUESTS = REGISTRY + 1
 -- A string in KEYS[1] is a flat state or a marker (see the decision), and
 -- tells the algorithm that wrote it: a marker is the algorithm's name, and
 -- each flat state has its own shape (its encode section), so no tag is
@@ -146,11 +149,11 @@ local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_windo
 local function decide(KEYS, ARGV)
   -- A batch's requests each carry their clock, or '' for the call's.
   local NOW_US, NOW_MS = NOW_US, NOW_MS
-  if ARGV[2] ~= '' then
-    NOW_US = ARGV[2] + 0
+  if ARGV[NOW] ~= '' then
+    NOW_US = ARGV[NOW] + 0
     NOW_MS = (NOW_US - NOW_US % 1000) / 1000
   end
-  local op, LOG = ARGV[1], ARGV[6] ~= nil and ARGV[6] ~= ''
+  local op, LOG = ARGV[OP], ARGV[LOG_WINDOW] ~= nil and ARGV[LOG_WINDOW] ~= ''
   local rate, interval, kind, burst, buckets, keepalive, stored
   -- K: the suffix of a rate's state fields, '' for the config's own rate.
   local K = ''
@@ -162,7 +165,7 @@ local function decide(KEYS, ARGV)
   -- and is false for a re-run, whose grant is counted already. (The token
   -- bucket's records hold the id of their latest grant too: see its file.)
   local first_run = LOG and function()
-    local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[6], ARGV[5])
+    local added = redis.pcall('ZADD', KEYS[REQUESTS], 'NX', NOW_MS + ARGV[LOG_WINDOW], ARGV[ID])
     if type(added) == 'table' then
       error('REDLIMIT corrupt ' .. KEYS[REQUESTS] .. ': ' .. added.err, 0)
     end
@@ -170,7 +173,7 @@ local function decide(KEYS, ARGV)
       return false
     end
     redis.call('ZREMRANGEBYSCORE', KEYS[REQUESTS], '-inf', NOW_MS)
-    redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[6])
+    redis.call('PEXPIRE', KEYS[REQUESTS], ARGV[LOG_WINDOW])
     return true
   end
 
@@ -186,7 +189,7 @@ local function decide(KEYS, ARGV)
   -- f: rate, interval, type, keepAliveTime, algorithm, more, then burst
   -- (BURST) or buckets (BUCKETS), then the state's fields, or nil; flat:
   -- the flat state, or nil; none: KEYS[1] does not exist.
-  local d, _, _, a = string.byte(ARGV[4], 1, 4)
+  local d, _, _, a = string.byte(ARGV[CONFIG], 1, 4)
   local f, flat, none, marked = nil, nil, false, false
   if a == 97 then
     local got = redis.pcall('GET', KEYS[1])
@@ -210,7 +213,7 @@ local function decide(KEYS, ARGV)
   if flat and string.find(flat, FOREIGN) then
     if flat == ALGORITHM then flat, none, marked = nil, true, true else foreign = true end
   end
-  local ok, more = not stored and ARGV[4] ~= '' and not foreign, nil
+  local ok, more = not stored and ARGV[CONFIG] ~= '' and not foreign, nil
   local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
   -- A default that found a hash with neither config nor state of its own
   -- (its first rate's): a defer sees whether KEYS[1] is there at all, and if
@@ -241,8 +244,8 @@ local function decide(KEYS, ARGV)
   -- The handle's config: a default while none is stored, a fixed one
   -- (Throttle's) even over a stored one, which must still be sound. Go
   -- wrote it: a '0' needs no converting.
-  if ok and ARGV[4] ~= '' and (not stored or string.sub(ARGV[4], 1, 6) == 'fixed ') then
-    local r, i, options, rest = string.match(ARGV[4], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
+  if ok and ARGV[CONFIG] ~= '' and (not stored or string.sub(ARGV[CONFIG], 1, 6) == 'fixed ') then
+    local r, i, options, rest = string.match(ARGV[CONFIG], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
     rate, interval, more = r + 0, i + 0, rest
     kind, burst, buckets, keepalive = 0, 0, 0, 0
     if options ~= '0 0 0 0' then -- Overall, no burst, buckets or keep-alive: most defaults
@@ -309,7 +312,7 @@ local function decide(KEYS, ARGV)
       if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits, decide = ARGV[3] + 0, op == 'allow'
+    local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; value: the
@@ -543,7 +546,7 @@ live[#live - 1] = live[#live - 1] + permits
 total = total + permits
           wrote = counted
         end
-      elseif permits > 0 and (--[[ resent ]] false or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[5])) then
+      elseif permits > 0 and (--[[ resent ]] false or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[ID])) then
         allowed = 1 -- a re-sent script whose first run was granted
       else
         retry = wait
@@ -797,7 +800,7 @@ end
       -- keys. It lives as long as any client's state can: one interval, or
       -- the time a funnel takes to drain when its burst exceeds its rate,
       -- the longest of any rate's.
-      local added = redis.pcall('ZADD', KEYS[REGISTRY], NOW_MS, ARGV[7])
+      local added = redis.pcall('ZADD', KEYS[REGISTRY], NOW_MS, ARGV[CLIENT_ID])
       if type(added) == 'table' then
         error('REDLIMIT corrupt ' .. KEYS[REGISTRY] .. ': ' .. added.err, 0)
       end
@@ -1093,7 +1096,7 @@ end
 -- replace it. It sets the skeleton's locals (rate, interval, …) that the
 -- algorithm's helpers read.
 local function config()
-  local given = { string.match(ARGV[4], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
+  local given = { string.match(ARGV[CONFIG], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
   local source, cfg = given[1], nil
   local old = read_config()
   if old and source ~= 'fixed' and source ~= 'new' then
@@ -1158,12 +1161,12 @@ end
 -- asks again with the missing ones.
 local function missing_clients()
   local given = {}
-  for i = 8, #ARGV do
+  for i = OTHERS, #ARGV do
     given[ARGV[i]] = true
   end
   local missing = {}
   for _, id in ipairs(call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)) do
-    if not given[id] and id ~= ARGV[7] then
+    if not given[id] and id ~= ARGV[CLIENT_ID] then
       missing[#missing + 1] = id
     end
   end
@@ -1257,7 +1260,7 @@ if op == 'expire' then
   table.insert(keys, 1, KEYS[1])
   table.insert(keys, 2, KEYS[REGISTRY])
   table.insert(keys, 3, KEYS[REQUESTS])
-  return cap_expiry(keys, tonumber(ARGV[3]))
+  return cap_expiry(keys, tonumber(ARGV[PERMITS]))
 end
 if op == 'set' or op == 'tryset' then
   local new, old = config()
