@@ -41,8 +41,8 @@ func WithoutBatching() Option { return func(c *Client) { c.batches.off = true } 
 // batchScript decides the requests of a batch, of every algorithm.
 var batchScript = newBatchScript(tokenBucket, funnel, fixedWindow, slidingWindow)
 
-// batcher queues the decisions of one group (see groupOf) while its calls
-// are in flight.
+// batcher queues the decisions of one group (see batches.of) while its
+// calls are in flight.
 type batcher struct {
 	mu       sync.Mutex
 	inflight int
@@ -51,7 +51,8 @@ type batcher struct {
 }
 
 // pending is one decision waiting for its batch. The batcher's lock guards
-// every field until wake is signalled; then the caller owns them.
+// its fields while it is queued; once taken into a batch, the batch's
+// sender sets reply and err, and wake hands them to the caller.
 type pending struct {
 	ctx    context.Context
 	script *script

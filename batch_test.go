@@ -94,7 +94,8 @@ type batchCase struct {
 
 // mixedBatch is a batch of every kind a Client sends: each algorithm, a
 // PerClient limiter, several rates, a peek, a release, a request for more
-// than the limit, a key holding another type, an uninitialised limiter.
+// than the limit, a key holding another type, an uninitialised limiter, a
+// stored config, Throttle.
 func mixedBatch() []batchCase {
 	perSecond := func(n int64) Config { return Config{Rate: n, Interval: time.Second} }
 	allow := func(pick func(c *Client, name string) *Limiter, name string, cfg Config, permits int64) func(ctx context.Context, c *Client, prefix string) (Result, error) {
@@ -127,6 +128,14 @@ func mixedBatch() []batchCase {
 			return Result{}, c.TokenBucket(prefix+"b").WithDefault(perSecond(3)).Release(ctx, 1)
 		}},
 		{"bucket after release", allow(bucket, "b", perSecond(3), 2)},
+		{"stored config", func(ctx context.Context, c *Client, prefix string) (Result, error) {
+			return c.SlidingWindow(prefix+"st").Allow(ctx, 2)
+		}},
+		{"per client bucket", allow(bucket, "pb", Config{Rate: 2, Interval: time.Second, Type: PerClient}, 1)},
+		{"throttle", func(ctx context.Context, c *Client, prefix string) (Result, error) {
+			r, err := c.Throttle(ctx, prefix+"th", 2, 5, time.Second, 2)
+			return Result{Allowed: !r.Limited, Limit: r.Limit, Remaining: r.Remaining, RetryAfter: time.Duration(r.RetryAfter), ResetAfter: time.Duration(r.ResetAfter)}, err
+		}},
 	}
 }
 
@@ -142,6 +151,7 @@ func TestBatchDecidesAsAlone(t *testing.T) {
 		for _, prefix := range []string{batched, alone} {
 			// A key of the funnel's holding a list: WRONGTYPE inside the script.
 			require.NoError(t, rdb.RPush(ctx, prefix+"w", "x").Err())
+			require.NoError(t, New(rdb).SlidingWindow(prefix+"st").SetRate(ctx, Config{Rate: 5, Interval: time.Minute}))
 		}
 		cases := mixedBatch()
 
