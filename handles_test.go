@@ -101,24 +101,43 @@ func TestHandlesAreMadeOnce(t *testing.T) {
 }
 
 // A service making a limiter per user meets millions of names: the Client
-// keeps at most two generations of families, and the names in use stay.
+// keeps at most maxFamilies, and the names in use stay.
 func TestFamiliesAreBounded(t *testing.T) {
 	c := New(redistest.Miniredis(t))
 	hot, cold := c.TokenBucket("hot"), c.TokenBucket("cold")
 	hot.perClient.Store(true)
 	cold.perClient.Store(true)
-	for i := range 3 * familiesPerGeneration {
+	for i := range 2 * maxFamilies {
 		c.TokenBucket(fmt.Sprint("user-", i))
 		if i%1000 == 0 {
 			require.Same(t, hot, c.TokenBucket("hot"), "in use, name %d", i)
 		}
 	}
 	kept := familiesKept(c)
-	assert.LessOrEqual(t, kept, 2*familiesPerGeneration, "of %d names", 3*familiesPerGeneration+2)
+	assert.LessOrEqual(t, kept, maxFamilies, "of %d names", 2*maxFamilies+2)
 	assert.Same(t, hot, c.TokenBucket("hot"))
 	assert.True(t, c.TokenBucket("hot").perClient.Load(), "and what it learnt")
 	assert.NotSame(t, cold, c.TokenBucket("cold"), "a name out of use is dropped")
 	assert.False(t, c.TokenBucket("cold").perClient.Load(), "and what it learnt")
+}
+
+// A service walking its names in a cycle (the bench's 10,000 keys) keeps
+// every family while they number up to twice a generation: none is made
+// again.
+func TestFamiliesKeepACycle(t *testing.T) {
+	c := New(redistest.Miniredis(t))
+	names := 2*familiesPerGeneration - 1
+	first := make([]*Limiter, names)
+	for i := range first {
+		first[i] = c.Funnel(fmt.Sprint("key-", i))
+	}
+	for round := range 3 {
+		for i := range first {
+			if l := c.Funnel(fmt.Sprint("key-", i)); l != first[i] {
+				t.Fatalf("round %d: key-%d was made again", round, i)
+			}
+		}
+	}
 }
 
 // Handles made and used from many goroutines while the generations turn
@@ -128,7 +147,7 @@ func TestHandlesConcurrently(t *testing.T) {
 	defer cancel()
 	c := New(redistest.Miniredis(t))
 	cfg := PerMinute(100)
-	names := 3 * familiesPerGeneration
+	names := 2 * maxFamilies
 	wait := hammer(ctx, 4, func(g, n int) bool {
 		name := fmt.Sprint("user-", (n*4+g)%names)
 		l := c.Funnel(name).WithDefault(cfg)
@@ -145,7 +164,7 @@ func TestHandlesConcurrently(t *testing.T) {
 		return n == names
 	})
 	wait()
-	assert.LessOrEqual(t, familiesKept(c), 2*familiesPerGeneration)
+	assert.LessOrEqual(t, familiesKept(c), maxFamilies)
 }
 
 func familiesKept(c *Client) int {

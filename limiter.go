@@ -137,23 +137,26 @@ type family struct {
 // familyKey names a family within its Client, whose prefix is the same for all.
 type familyKey struct{ alg, name string }
 
-// familiesPerGeneration bounds the families a Client keeps. A service may
-// make a limiter per user, millions of names, so they are kept in two
-// generations: once the current one holds this many, it becomes the
-// previous one and the previous one is dropped; a family found in the
-// previous generation moves to the current one. Limiters in use so stay
-// however many names pass through, and at most twice this many families
-// are kept: 1.4 KB each with a default handle and a short name (measured),
-// 22 MB at most, reached only by a service that decides on more than 16,384
-// names; 8192 keeps a hot set of 10,000 names, the bench's, without a
-// miss. Exact recency (an LRU list) would take a lock on every handle made;
-// a dropped family costs only its rebuilding, 30 to 50 allocations, and its
-// relearning: one EVALSHA for a PerClient limiter, one failed read in the
-// script for a stored config.
-const familiesPerGeneration = 8192
+// maxFamilies bounds the families a Client keeps. A service may make a
+// limiter per user, millions of names, so they are kept in two generations:
+// a family found in the previous generation moves to the current one, and
+// once the current one holds familiesPerGeneration and both together twice
+// that, the current one becomes the previous one and the previous one is
+// dropped. Limiters in use so stay however many names pass through; a set
+// of up to twice familiesPerGeneration names in use (10,922: the bench's
+// 10,000, walked in a cycle) is kept whole; and at most maxFamilies are
+// kept at any moment: 1.4 KB each with a default handle and a short name
+// (measured), 22 MB at most. Exact recency (an LRU list) would take a lock
+// on every handle made; a dropped family costs only its rebuilding, 30 to
+// 50 allocations, and its relearning: one EVALSHA for a PerClient limiter,
+// one failed read in the script for a stored config.
+const (
+	maxFamilies           = 3 * familiesPerGeneration
+	familiesPerGeneration = 5461
+)
 
 // families is what a Client keeps of its limiters, in two generations (see
-// familiesPerGeneration). A lookup takes a read lock: a plain map with a
+// maxFamilies). A lookup takes a read lock: a plain map with a
 // struct key allocates nothing, where a sync.Map boxes the key.
 type families struct {
 	mu                sync.RWMutex
@@ -184,7 +187,8 @@ func (c *Client) limiter(name string, alg algorithm) *Limiter {
 	if kept, ok := fs.current[key]; ok {
 		return &kept.base // another caller's, made meanwhile
 	}
-	if len(fs.current) == familiesPerGeneration {
+	delete(fs.previous, key) // moving to the current generation
+	if len(fs.current) >= familiesPerGeneration && len(fs.current)+len(fs.previous) >= 2*familiesPerGeneration {
 		fs.previous, fs.current = fs.current, make(map[familyKey]*family)
 	}
 	fs.current[key] = f
