@@ -180,10 +180,8 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		return l.eval(ctx, req)
 	}
 	if s, ok := reply.(string); ok && decision && l.stored != nil {
-		// A default decided with no hash (four or five integers), or a
-		// config stored, or several rates' fields in the hash (six or more):
-		// see scripts/common.lua's reply.
-		if stored := strings.Count(s, " ") > 4; stored != l.stored.Load() {
+		// The reply's kind says whether a hash was found (replyHash).
+		if stored := strings.HasPrefix(s, replyHash+" "); stored != l.stored.Load() {
 			l.stored.Store(stored)
 		}
 	}
@@ -255,45 +253,103 @@ func missingClients(reply any) ([]string, bool) {
 	return missing, true
 }
 
-// parseResult reads decide's reply (scripts/common.lua): integers in one
-// string, so that the client reads one value, not many. Six for a config of
-// one rate; four when the handle's default dflt decided, whose limit and
-// window the client works out; with several rates, then the bound rate's
-// index and each further rate's rate, interval, burst and buckets, from
-// which quota works out their Quotas.
+// A decision's reply (scripts/common.lua): its kind, then integers, in one
+// string, so that the client reads one value, not many. The fields are
+// declared here once: script.go writes the scripts' replies from these
+// lists, and parseResult reads them by the same positions.
+const (
+	// replyHash: a hash held the limiter's config or state. The fields are
+	// all of hashReply, the bound and the further rates only with several
+	// rates.
+	replyHash = "h"
+	// replyDefault: the handle's default decided and no hash holds the
+	// state, so the client knows every limit and window: the fields are
+	// defaultReply's. It also tells the handle that its next decision
+	// finds no hash (Limiter.stored).
+	replyDefault = "d"
+)
+
+// The fields of a reply, by position in hashReply.
+const (
+	replyAllowed   = iota // 0 or 1
+	replyLimit            // the most one request may take, of the bound rate
+	replyRemaining        // what is left of every rate's, the least
+	replyRetry            // µs until a denied request fits; -1: never
+	replyReset            // µs until every rate is full again
+	replyWindow           // ms: the span the first rate's limit applies to
+	replyBound            // several rates: the rate that bound the answer
+	replyMore             // several rates: the further ones as the hash's more holds them, four fields each
+)
+
+// hashReply names, for each field, the Lua local the decision writes, up
+// to the bound; the further rates follow as the config's more string.
+var hashReply = [...]string{
+	replyAllowed: "allowed", replyLimit: "limit", replyRemaining: "remaining",
+	replyRetry: "retry", replyReset: "reset", replyWindow: "window", replyBound: "bound",
+}
+
+// defaultReply is a default reply's fields, as positions in hashReply: the
+// bound comes only with several rates.
+var defaultReply = [...]int{replyAllowed, replyRemaining, replyRetry, replyReset, replyBound}
+
+// parseResult reads a decision's reply (see replyHash). A default reply is
+// completed from dflt, the handle's default, as the hash reply of the same
+// decision would be, and then both are read alike.
 func parseResult(reply any, dflt Config) (Result, error) {
-	s, ok := reply.(string)
-	var n [7 + 4*(maxRates-1)]int64
-	fields := 1 + strings.Count(s, " ")
-	if !ok || fields != 4 && fields != 5 && fields != 6 && (fields < 7+4 || fields > len(n) || (fields-7)%4 != 0) ||
-		fields == 4 && (dflt.Rate < 1 || len(dflt.More) > 0) || fields == 5 && len(dflt.More) == 0 ||
-		!spaced(s, n[:fields]) {
-		return Result{}, unexpected(reply)
-	}
-	if fields == 4 || fields == 5 {
-		// The handle's default decided: it knows the limits and windows.
-		r, ok := defaultResult(n[:fields], dflt)
-		if !ok {
+	s, _ := reply.(string)
+	kind, s, _ := strings.Cut(s, " ")
+	var n [replyMore + 4*(maxRates-1)]int64
+	fields := 0
+	switch kind {
+	case replyHash:
+		fields = 1 + strings.Count(s, " ")
+		if fields != replyBound && (fields < replyMore+4 || fields > len(n) || (fields-replyMore)%4 != 0) || !spaced(s, n[:fields]) {
 			return Result{}, unexpected(reply)
 		}
-		return r, nil
+	case replyDefault:
+		if dflt.Rate < 1 {
+			return Result{}, unexpected(reply)
+		}
+		at := defaultReply[:len(defaultReply)-1]
+		if len(dflt.More) > 0 {
+			at = defaultReply[:]
+		}
+		var d [len(defaultReply)]int64
+		if 1+strings.Count(s, " ") != len(at) || !spaced(s, d[:len(at)]) {
+			return Result{}, unexpected(reply)
+		}
+		for i, field := range at {
+			n[field] = d[i]
+		}
+		q := quota(dflt.Rate, dflt.Interval.Milliseconds(), dflt.Burst)
+		n[replyLimit], n[replyWindow] = q.Limit, q.Window.Milliseconds()
+		fields = replyBound
+		if len(dflt.More) > 0 {
+			fields = replyMore
+			for _, o := range dflt.More {
+				n[fields], n[fields+1], n[fields+2] = o.Rate, o.Interval.Milliseconds(), o.Burst
+				fields += 4
+			}
+		}
+	default:
+		return Result{}, unexpected(reply)
 	}
-	if !durations(n[3:5]) || n[5] < 0 || n[5] > math.MaxInt64/int64(time.Millisecond) {
+	if !durations(n[replyRetry:replyReset+1]) || n[replyWindow] < 0 || n[replyWindow] > math.MaxInt64/int64(time.Millisecond) {
 		return Result{}, unexpected(reply)
 	}
 	r := Result{
-		Allowed:    n[0] == 1,
-		Limit:      n[1],
-		Remaining:  n[2],
-		RetryAfter: micros(n[3]),
-		ResetAfter: micros(n[4]),
-		Window:     time.Duration(n[5]) * time.Millisecond,
+		Allowed:    n[replyAllowed] == 1,
+		Limit:      n[replyLimit],
+		Remaining:  n[replyRemaining],
+		RetryAfter: micros(n[replyRetry]),
+		ResetAfter: micros(n[replyReset]),
+		Window:     time.Duration(n[replyWindow]) * time.Millisecond,
 	}
-	if fields > 6 {
-		r.Bound = int(n[6])
-		r.Quotas = make([]Quota, 1, 1+(fields-7)/4)
+	if fields > replyBound {
+		r.Bound = int(n[replyBound])
+		r.Quotas = make([]Quota, 1, 1+(fields-replyMore)/4)
 		r.Quotas[0] = Quota{Limit: r.Limit, Window: r.Window}
-		for i := 7; i < fields; i += 4 {
+		for i := replyMore; i < fields; i += 4 {
 			rate, interval, burst := n[i], n[i+1], n[i+2]
 			if rate < 1 || interval < 1 || burst < 0 {
 				return Result{}, unexpected(reply)
@@ -306,32 +362,6 @@ func parseResult(reply any, dflt Config) (Result, error) {
 		r.Limit, r.Window = r.Quotas[r.Bound].Limit, r.Quotas[r.Bound].Window
 	}
 	return r, nil
-}
-
-// defaultResult is the Result of a short reply, n: allowed, remaining,
-// retry and reset, then the bound with several rates, as the handle's
-// default dflt decided; false for a bound it does not have.
-func defaultResult(n []int64, dflt Config) (Result, bool) {
-	if !durations(n[2:4]) {
-		return Result{}, false
-	}
-	r := Result{Allowed: n[0] == 1, Remaining: n[1], RetryAfter: micros(n[2]), ResetAfter: micros(n[3])}
-	q := quota(dflt.Rate, dflt.Interval.Milliseconds(), dflt.Burst)
-	if len(n) == 4 {
-		r.Limit, r.Window = q.Limit, q.Window
-		return r, true
-	}
-	r.Bound = int(n[4])
-	if r.Bound < 0 || r.Bound > len(dflt.More) {
-		return Result{}, false
-	}
-	r.Quotas = make([]Quota, 1, 1+len(dflt.More))
-	r.Quotas[0] = q
-	for _, o := range dflt.More {
-		r.Quotas = append(r.Quotas, quota(o.Rate, o.Interval.Milliseconds(), o.Burst))
-	}
-	r.Limit, r.Window = r.Quotas[r.Bound].Limit, r.Quotas[r.Bound].Window
-	return r, true
 }
 
 // quota is a rate's Limit and Window as the scripts report them: the most

@@ -185,7 +185,7 @@ func (cannedReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !ok || cmd.Name() != "evalsha" {
 			return next(ctx, cmd) // fails: nothing listens
 		}
-		c.SetVal("1 99 0 0") // allowed, remaining, retry, reset
+		c.SetVal("d 1 99 0 0") // a default reply: allowed, remaining, retry, reset
 		return nil
 	}
 }

@@ -43,7 +43,7 @@ func newScript(a algorithm, file string) *script {
 		own += ", 'buckets'\n"
 	}
 	tools := "--[[@tools]]\n" + readScript("tools.lua")
-	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own+tools)
+	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own+replies()+tools)
 	return scriptOf(a.name, src)
 }
 
@@ -78,6 +78,28 @@ func algorithmHeader(a algorithm) string {
 	return fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = '%s', %d, %t, %t, %t, %t\n"+
 		"local REGISTRY, REQUESTS = %d, %d -- KEYS': the client registry, the request log\n",
 		a.name, len(a.state), a.inConfig, a.records, a.burst, a.buckets, a.registry(), a.registry()+1)
+}
+
+// replies writes a decision's replies from call.go's declaration of them
+// (hashReply, defaultReply), as sections for common.lua's reply markers:
+// each kind with one rate, and with several (the bound, and for a hash
+// reply the further rates, follow).
+func replies() string {
+	var defaults []string
+	for _, field := range defaultReply {
+		defaults = append(defaults, hashReply[field])
+	}
+	format := func(section, kind string, fields []string, more bool) string {
+		spec, rest := strings.Repeat(" %d", len(fields)), ""
+		if more {
+			spec, rest = spec+" ", " .. more"
+		}
+		return fmt.Sprintf("--[[@%s]]\nstring.format('%s%s', %s)%s\n", section, kind, spec, strings.Join(fields, ", "), rest)
+	}
+	return format("reply_hash", replyHash, hashReply[:replyBound], false) +
+		format("reply_hash_rates", replyHash, hashReply[:], true) +
+		format("reply_default", replyDefault, defaults[:len(defaults)-1], false) +
+		format("reply_default_rates", replyDefault, defaults, false)
 }
 
 func scriptOf(name, src string) *script {

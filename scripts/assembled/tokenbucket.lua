@@ -851,32 +851,33 @@ end
     if not decide then
       return back
     end
-    -- The reply: 'allowed limit remaining retry reset window', integers in
-    -- one string (one value for the client to read, not six): allowed 0 or
-    -- 1, retry after µs (-1: never), reset after µs, window ms: the span
-    -- limit applies to, the interval or the time a funnel's burst takes to
-    -- drain. With several rates, limit and window are still the first
-    -- rate's, and follow: the index of the rate that bound the answer (0
-    -- for the first) and the further rates as more holds them, 'rate
-    -- interval-ms burst buckets' each (the client works out their limits and
-    -- windows: formatting them here would cost every call).
+    -- The reply, declared in call.go (replyHash and what follows it), which
+    -- script.go writes here: its kind, then integers in one string (one
+    -- value for the client to read, not six). A hash reply: allowed 0 or 1,
+    -- limit, remaining, retry after µs (-1: never), reset after µs, window
+    -- ms (the span limit applies to: the interval, or the time a funnel's
+    -- burst takes to drain). With several rates, limit and window are still
+    -- the first rate's, and follow: the index of the rate that bound the
+    -- answer (0 for the first) and the further rates as more holds them
+    -- (the client works out their limits and windows: formatting them here
+    -- would cost every call).
     -- When the handle's default decided ('default …' or 'defer …') and no
-    -- hash holds the state, its client knows every limit and window:
-    -- 'allowed remaining retry reset', and the bound with several rates.
-    -- That shape also tells it that its next decision finds no hash
-    -- (source default, not defer).
+    -- hash holds the state, its client knows every limit and window: a
+    -- default reply has allowed, remaining, retry, reset, and the bound
+    -- with several rates. Its kind also tells the client that its next
+    -- decision finds no hash (source default, not defer).
     if not stored and d == 100 and not (IN_CONFIG and f) then
       if rates then
-        return string.format('%d %d %d %d %d', allowed, remaining, retry, reset, bound)
+        return --[[ reply_default_rates ]] string.format('d %d %d %d %d %d', allowed, remaining, retry, reset, bound)
       end
-      return string.format('%d %d %d %d', allowed, remaining, retry, reset)
+      return --[[ reply_default ]] string.format('d %d %d %d %d', allowed, remaining, retry, reset)
     end
     local window = limit * interval / rate
     window = window + (-window) % 1
     if rates then
-      return string.format('%d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, bound) .. more
+      return --[[ reply_hash_rates ]] string.format('h %d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, bound) .. more
     end
-    return string.format('%d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
+    return --[[ reply_hash ]] string.format('h %d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
   end
 end
 -- <<< The decision's end.
