@@ -16,14 +16,17 @@ import (
 
 // batchGate is a hook that holds lone decisions (not a batch's call) while
 // held, so that a test can queue requests behind them and see one batch
-// form; and lets a test act just before a batch is sent.
+// form; and lets a test act just before a batch is sent. A batch waits
+// until the held calls are answered: the first of them to return sends the
+// batch, which would otherwise race the other to Redis.
 type batchGate struct {
 	passHook
 	mu          sync.Mutex
 	held        bool
 	arrived     chan struct{}
 	release     chan struct{}
-	beforeBatch func() error // its error fails the batch's call
+	answered    sync.WaitGroup // the held calls
+	beforeBatch func() error   // its error fails the batch's call
 }
 
 func newBatchGate() *batchGate {
@@ -45,6 +48,7 @@ func (g *batchGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		if isBatch(cmd) {
+			g.answered.Wait()
 			g.mu.Lock()
 			before := g.beforeBatch
 			g.mu.Unlock()
@@ -58,11 +62,16 @@ func (g *batchGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		g.mu.Lock()
 		held := g.held
-		g.mu.Unlock()
 		if held {
-			g.arrived <- struct{}{}
-			<-g.release
+			g.answered.Add(1)
 		}
+		g.mu.Unlock()
+		if !held {
+			return next(ctx, cmd)
+		}
+		defer g.answered.Done()
+		g.arrived <- struct{}{}
+		<-g.release
 		return next(ctx, cmd)
 	}
 }
@@ -367,7 +376,7 @@ func TestBatchFailsOnTheWire(t *testing.T) {
 				for i := range reqs {
 					if failOpen {
 						require.NoError(t, errs[i])
-						require.Equal(t, Result{Allowed: true}, results[i])
+						require.Equal(t, Result{Allowed: true, Reason: ReasonFailOpen}, results[i])
 					} else {
 						require.ErrorIs(t, errs[i], ErrUnavailable)
 						require.False(t, results[i].Allowed)

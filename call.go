@@ -40,11 +40,22 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 			c.denials.store(l.denialKey, permits, r, c.clock())
 		}
 	}
+	if cached {
+		r.Reason = ReasonCache
+	}
+	shadow := c.shadow || l.shadow || r.Shadow
 	// A caller's own cancellation is not an outage (scriptError): it is
 	// never granted, even when Redis failed at the moment it cancelled.
-	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
+	// Shadow mode never denies, so it fails open.
+	failOpen := err != nil && (c.failOpen || shadow) && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
 	if failOpen {
-		r = Result{Allowed: true}
+		r = Result{Allowed: true, Reason: ReasonFailOpen, Shadow: shadow}
+	}
+	if shadow && err == nil {
+		r.Shadow = true
+		if !r.Allowed {
+			r.Allowed, r.Reason = true, ReasonShadow
+		}
 	}
 	if c.observe != nil {
 		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.name, Permits: permits, Result: r, Err: err, Latency: time.Since(start), Cached: cached})
@@ -77,7 +88,7 @@ type request struct {
 var (
 	opAllow, opRelease, opGet, opSet, opTrySet    any = "allow", "release", "get", "set", "tryset"
 	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
-	opClients                                     any = "clients"
+	opClients, opShadow                           any = "clients", "shadow"
 
 	noArg any = ""
 )
@@ -277,6 +288,7 @@ const (
 	replyRetry            // µs until a denied request fits; -1: never
 	replyReset            // µs until every rate is full again
 	replyWindow           // ms: the span the first rate's limit applies to
+	replyShadow           // 1: the stored config is in shadow mode (Limiter.SetShadow)
 	replyBound            // several rates: the rate that bound the answer
 	replyMore             // several rates: the further ones as the hash's more holds them, four fields each
 )
@@ -285,7 +297,7 @@ const (
 // to the bound; the further rates follow as the config's more string.
 var hashReply = [...]string{
 	replyAllowed: "allowed", replyLimit: "limit", replyRemaining: "remaining",
-	replyRetry: "retry", replyReset: "reset", replyWindow: "window", replyBound: "bound",
+	replyRetry: "retry", replyReset: "reset", replyWindow: "window", replyShadow: "shadow", replyBound: "bound",
 }
 
 // defaultReply is a default reply's fields, as positions in hashReply: the
@@ -334,7 +346,8 @@ func parseResult(reply any, dflt Config) (Result, error) {
 	default:
 		return Result{}, unexpected(reply)
 	}
-	if !durations(n[replyRetry:replyReset+1]) || n[replyWindow] < 0 || n[replyWindow] > math.MaxInt64/int64(time.Millisecond) {
+	if !durations(n[replyRetry:replyReset+1]) || n[replyWindow] < 0 || n[replyWindow] > math.MaxInt64/int64(time.Millisecond) ||
+		n[replyShadow] != 0 && n[replyShadow] != 1 {
 		return Result{}, unexpected(reply)
 	}
 	r := Result{
@@ -344,6 +357,7 @@ func parseResult(reply any, dflt Config) (Result, error) {
 		RetryAfter: micros(n[replyRetry]),
 		ResetAfter: micros(n[replyReset]),
 		Window:     time.Duration(n[replyWindow]) * time.Millisecond,
+		Shadow:     n[replyShadow] == 1,
 	}
 	if fields > replyBound {
 		r.Bound = int(n[replyBound])

@@ -21,6 +21,7 @@ type Client struct {
 	observe     func(Decision)
 	denials     *denials // nil unless WithLocalCache
 	failOpen    bool
+	shadow      bool // WithShadow
 	sleep       func(ctx context.Context, d time.Duration) error
 	loads       sync.Map // *script → *scriptLoad, see Client.reload
 	breaker     *breaker // nil unless WithBreaker
@@ -96,6 +97,10 @@ func WithObserver(observe func(Decision)) Option { return func(c *Client) { c.ob
 // it gets an error wrapping context.Canceled, as it would have before the
 // call, and a deadline that passes while Redis hangs is an outage.
 func WithFailOpen() Option { return func(c *Client) { c.failOpen = true } }
+
+// WithShadow makes every decision of the Client's limiters in shadow mode:
+// see Limiter.WithShadow.
+func WithShadow() Option { return func(c *Client) { c.shadow = true } }
 
 // New returns a Client deciding through rdb.
 func New(rdb redis.Scripter, opts ...Option) *Client {

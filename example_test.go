@@ -320,3 +320,52 @@ func ExampleClient_Throttle() {
 	// 9.5s 2: 0 5 2 -1 3
 	// 9.5s 5: 1 5 2  3 3
 }
+
+// Shadow mode tries a limit on live traffic: every request is decided and
+// counted as when enforcing, and every caller is let through; Reason says
+// which ones enforcing would have denied. SetShadow turns it on and off for
+// every instance at runtime.
+func ExampleLimiter_WithShadow() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now }))
+
+	trial := client.FixedWindow("exports").WithDefault(redlimit.PerMinute(2)).WithShadow()
+	for range 3 {
+		r, err := trial.Allow(ctx, 1)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(r.Allowed, r.Reason, r.RetryAfter)
+	}
+
+	// The stored config's shadow mode, for every instance.
+	stored := client.FixedWindow("reports")
+	if err := stored.SetRate(ctx, redlimit.PerMinute(1)); err != nil {
+		log.Fatal(err)
+	}
+	for _, shadow := range []bool{true, false} {
+		if err := stored.SetShadow(ctx, shadow); err != nil {
+			log.Fatal(err)
+		}
+		for range 2 {
+			r, err := stored.Allow(ctx, 1)
+			if err != nil {
+				log.Fatal(err)
+			}
+			fmt.Println(shadow, r.Allowed, r.Reason)
+		}
+	}
+	// Output:
+	// true limit 0s
+	// true limit 0s
+	// true shadow 1m0s
+	// true true limit
+	// true true shadow
+	// false false limit
+	// false false limit
+}

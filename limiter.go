@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -115,6 +116,7 @@ type Limiter struct {
 	deferConfig any
 	err         error
 	family      *family
+	shadow      bool // WithShadow: every decision in shadow mode
 }
 
 // family is what a Client keeps of one limiter, an algorithm under a name:
@@ -389,6 +391,41 @@ type Result struct {
 	// rate it is nil.
 	Bound  int
 	Quotas []Quota
+	// Reason says what decided: the limit (ReasonLimit, the zero value),
+	// a denial cached by WithLocalCache, WithFailOpen granting what Redis
+	// could not decide (the observer's Decision.Err says why), or shadow
+	// mode granting what the limit denied.
+	Reason Reason
+	// Shadow: the decision was made in shadow mode (WithShadow,
+	// Limiter.WithShadow, or the stored config's, Limiter.SetShadow). It
+	// was made and counted as ever, and Allowed is true whatever the limit
+	// said: Reason is ReasonShadow when the limit denied, and RetryAfter
+	// and Remaining are what enforcing would have answered.
+	Shadow bool
+}
+
+// Reason is what decided a Result.
+type Reason uint8
+
+const (
+	ReasonLimit    Reason = iota // the limit, in Redis: Bound says which rate
+	ReasonCache                  // a denial cached by WithLocalCache, without a round trip
+	ReasonFailOpen               // granted by WithFailOpen, or in shadow mode, while Redis could not decide
+	ReasonShadow                 // granted in shadow mode; the limit denied it
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonLimit:
+		return "limit"
+	case ReasonCache:
+		return "cache"
+	case ReasonFailOpen:
+		return "fail-open"
+	case ReasonShadow:
+		return "shadow"
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
 
 // Quota is one rate's Limit and Window, as Result reports them.
@@ -524,6 +561,32 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 		Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: RateType(n[2]),
 		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond, More: more,
 	}, nil
+}
+
+// WithShadow returns a handle whose decisions are made in shadow mode: each
+// is made and counted in Redis exactly as when enforcing, with the same
+// round trips, and its caller is always granted; Result says what
+// enforcing would have answered (Shadow, Reason). For trying a new limit
+// on live traffic before it may deny anything. Requests Redis cannot decide
+// (ErrUnavailable) are granted too, as with WithFailOpen.
+func (l *Limiter) WithShadow() *Limiter {
+	d := *l
+	d.shadow = true
+	return &d
+}
+
+// SetShadow turns shadow mode on or off for every instance's handles on the
+// limiter, from its next decision (see WithShadow): it is kept with the
+// stored config, which must exist (ErrNotInitialized), and survives SetRate
+// and Reset; Delete, or the config's expiry, ends it.
+func (l *Limiter) SetShadow(ctx context.Context, on bool) error {
+	defer l.forgetDenial()
+	flag := int64(0)
+	if on {
+		flag = 1
+	}
+	_, err := l.eval(ctx, request{op: opShadow, permits: flag})
+	return err
 }
 
 // TrySetRate stores cfg unless a config is stored already, and reports whether it did.

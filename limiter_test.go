@@ -872,13 +872,13 @@ func TestTryAcquireWithin(t *testing.T) {
 }
 
 func TestReplyShapes(t *testing.T) {
-	for _, reply := range []any{nil, "x", "", "h", "h ", "d", int64(1), []any{}, []any{int64(1)}, "h 1 2 3 4 5", "h 1 2 3 4 5 6 7", "h 1  2 3 4 5 6", "h 1 2 3 4 5 6 ",
-		"h 1.5 2 3 4 5 6", "h 1 2 3 4 5 x", "1 2 3 4 5 6", "x 1 2 3 4 5 6", "h  1 2 3 4 5 6", "d 1 2 3 4 5 6",
+	for _, reply := range []any{nil, "x", "", "h", "h ", "d", int64(1), []any{}, []any{int64(1)}, "h 1 2 3 4 5", "h 1 2 3 4 5 6", "h 1 2 3 4 5 6 0 7", "h 1  2 3 4 5 6 0", "h 1 2 3 4 5 6 0 ",
+		"h 1.5 2 3 4 5 6 0", "h 1 2 3 4 5 x 0", "h 1 2 3 4 5 6 x", "h 1 2 3 4 5 6 -1", "1 2 3 4 5 6 0", "x 1 2 3 4 5 6 0", "h  1 2 3 4 5 6 0", "d 1 2 3 4 5 6",
 		[]any{int64(0), int64(10), int64(3), int64(-1), int64(1500), int64(60000)}} {
 		_, err := parseResult(reply, Config{})
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
 	}
-	r, err := parseResult("h 0 10 3 -1 1500 60000", Config{})
+	r, err := parseResult("h 0 10 3 -1 1500 60000 0", Config{})
 	require.NoError(t, err)
 	assert.Equal(t, Result{Limit: 10, Remaining: 3, RetryAfter: -1, ResetAfter: 1500 * time.Microsecond, Window: time.Minute}, r)
 	// The short reply of a handle's default: the limit and window are the default's.
@@ -893,7 +893,7 @@ func TestReplyShapes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Result{Limit: 100, Remaining: 4, RetryAfter: 3 * time.Millisecond, ResetAfter: 2 * time.Millisecond,
 		Window: time.Minute, Bound: 1, Quotas: []Quota{{10, time.Second}, {100, time.Minute}}}, r)
-	for _, reply := range []string{"d 0 4 3000 2000 2", "d 0 4 3000 2000 -1", "d 1 7 0 2000", "h 0 4 3000 2000 1"} {
+	for _, reply := range []string{"d 0 4 3000 2000 2", "d 0 4 3000 2000 -1", "d 1 7 0 2000", "h 0 4 3000 2000 1 0"} {
 		_, err = parseResult(reply, two)
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%s: a bound the default has, and one with several rates", reply)
 	}

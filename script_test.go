@@ -144,10 +144,11 @@ func TestAutoPipeliner(t *testing.T) {
 // the scripts write it parses to itself.
 func FuzzParseResult(f *testing.F) {
 	for _, s := range []string{
-		"h 1 10 9 0 100000 1000", "h 0 10 0 250000 1000000 1000", "h 0 10 0 -1 0 1000", // one rate
+		"h 1 10 9 0 100000 1000 0", "h 0 10 0 250000 1000000 1000 0", "h 0 10 0 -1 0 1000 1", // one rate
 		"d 1 9 0 100000", "d 0 0 250000 1000000", "d 1 8 0 1000 1", // a default decided (PerSecond(10) and a further rate)
-		"h 1 10 9 0 100000 1000 1 60 60000 0 0", "h 0 60 0 5 6 60000 1 10 1000 0 0 60 60000 0 0", // several rates
-		"h 1 10 9 0 9223372036854776 1000", "h 2 10 9 0 1 1000", "h 1 10 9 0 1 -1", "h 1  10 9 0 1 1000", "", "1 10 9 0 1 1000",
+		"h 1 10 9 0 100000 1000 0 1 60 60000 0 0", "h 0 60 0 5 6 60000 1 1 10 1000 0 0 60 60000 0 0", // several rates
+		"h 1 10 9 0 9223372036854776 1000 0", "h 2 10 9 0 1 1000 0", "h 1 10 9 0 1 -1 0", "h 1  10 9 0 1 1000 0", "", "1 10 9 0 1 1000 0",
+		"h 1 10 9 0 1 1000 2", "h 1 10 9 0 1 1000", // shadow is 0 or 1, and always there
 	} {
 		f.Add(s)
 	}
@@ -188,7 +189,11 @@ func replyOf(r Result) string {
 		}
 		return int64(d / time.Microsecond)
 	}
-	return fmt.Sprintf("h %d %d %d %d %d %d", allowed, r.Limit, r.Remaining, us(r.RetryAfter), us(r.ResetAfter), r.Window.Milliseconds())
+	shadow := 0
+	if r.Shadow {
+		shadow = 1
+	}
+	return fmt.Sprintf("h %d %d %d %d %d %d %d", allowed, r.Limit, r.Remaining, us(r.RetryAfter), us(r.ResetAfter), r.Window.Milliseconds(), shadow)
 }
 
 // Replies of any shape: the parsers never panic, and take only their own.

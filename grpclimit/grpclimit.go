@@ -74,6 +74,7 @@ var ErrNoKey = errors.New("grpclimit: no key")
 //	PermitsFunc        1 permit per call
 //	PolicyName         "default"
 //	FailOpen           false: when Redis is unavailable, fail calls with codes.Unavailable
+//	ShadowHeaders      false: a decision in shadow mode sets no rate-limit metadata
 //	ErrorHook          none
 //	LimitGRPCServices  false: grpc.reflection.* and grpc.health.* are not limited
 type Option interface{ apply(*options) }
@@ -132,6 +133,12 @@ type FailOpen bool
 // observer (redlimit.WithObserver), which sees them all.
 type ErrorHook func(ctx context.Context, method string, err error)
 
+// ShadowHeaders sets the rate-limit metadata of a decision made in shadow
+// mode (redlimit.Limiter.WithShadow, SetShadow) as enforcing would have;
+// the call goes through either way. By default such a decision sets none,
+// so that a limit on trial is invisible to callers.
+type ShadowHeaders bool
+
 // LimitGRPCServices limits the calls of gRPC's reflection and health
 // services (methods under /grpc.reflection. and /grpc.health.) like any
 // other. By default they go through without a KeyFunc or a limiter.
@@ -155,6 +162,7 @@ type options struct {
 	key      KeyFunc
 	policy   PolicyName
 	limitAll LimitGRPCServices
+	shadow   ShadowHeaders
 	clientOptions
 
 	name string // the policy name as an sf-string
@@ -175,6 +183,7 @@ func (o PermitsFunc) apply(opts *options)       { o.applyClient(&opts.clientOpti
 func (o FailOpen) apply(opts *options)          { o.applyClient(&opts.clientOptions) }
 func (o ErrorHook) apply(opts *options)         { o.applyClient(&opts.clientOptions) }
 func (o LimitGRPCServices) apply(opts *options) { opts.limitAll = o }
+func (o ShadowHeaders) apply(opts *options)     { opts.shadow = o }
 
 func (o PermitsFunc) applyClient(opts *clientOptions) { opts.permits = o }
 func (o FailOpen) applyClient(opts *clientOptions)    { opts.open = o }
@@ -287,7 +296,8 @@ func decide[L interface {
 		// handler, whatever the answer: see failed.
 		return o.failed(ctx, method, err)
 	}
-	if res.Limit > 0 { // 0: granted by a Client's WithFailOpen, without a decision
+	// Limit 0: granted by a Client's WithFailOpen, without a decision.
+	if res.Limit > 0 && (!res.Shadow || bool(o.shadow)) {
 		// SetHeader fails only once headers are sent, which nothing has
 		// done before the handler runs.
 		_ = setHeader(o.fields(res))

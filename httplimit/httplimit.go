@@ -77,6 +77,7 @@ var ErrNoKey = errors.New("httplimit: no key")
 //	PolicyName     "default"
 //	LegacyHeaders  false: no X-RateLimit-Limit, -Remaining, -Reset
 //	FailOpen       false: when Redis is unavailable, answer 503 Service Unavailable
+//	ShadowHeaders  false: a decision in shadow mode sends no rate-limit fields
 //	ErrorHook      none
 //	DeniedHandler  429 Too Many Requests with a text/plain body
 //	ErrorHandler   400, 500 or 503 with a text/plain body
@@ -89,6 +90,7 @@ type options struct {
 	policy  PolicyName
 	legacy  LegacyHeaders
 	open    FailOpen
+	shadow  ShadowHeaders
 	hook    ErrorHook
 	denied  DeniedHandler
 	failed  ErrorHandler
@@ -138,6 +140,13 @@ type LegacyHeaders bool
 // response has no rate-limit fields, there being no decision to report.
 type FailOpen bool
 
+// ShadowHeaders sends the rate-limit fields of a decision made in shadow
+// mode (redlimit.Limiter.WithShadow, SetShadow) as enforcing would have,
+// except Retry-After: the request goes through. By default such a decision
+// sends none, so that a limit on trial is invisible to clients; the
+// handlers see it either way (FromContext: Result.Shadow, Result.Reason).
+type ShadowHeaders bool
+
 // ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
 // not of a request whose client has gone away, which gets no answer. It runs
 // on the request's goroutine, so it must be quick: a log line, a counter.
@@ -178,6 +187,7 @@ func (o PermitsFunc) apply(opts *options)   { opts.permits = o }
 func (o PolicyName) apply(opts *options)    { opts.policy = o }
 func (o LegacyHeaders) apply(opts *options) { opts.legacy = o }
 func (o FailOpen) apply(opts *options)      { opts.open = o }
+func (o ShadowHeaders) apply(opts *options) { opts.shadow = o }
 func (o ErrorHook) apply(opts *options)     { opts.hook = o }
 func (o DeniedHandler) apply(opts *options) { opts.denied = o }
 func (o ErrorHandler) apply(opts *options)  { opts.failed = o }
@@ -299,7 +309,8 @@ func New[L interface {
 				return
 			}
 			r = withDecision(r, d)
-			if d.Result.Limit > 0 { // 0: granted by a Client's WithFailOpen, without a decision
+			// Limit 0: granted by a Client's WithFailOpen, without a decision.
+			if d.Result.Limit > 0 && (!d.Result.Shadow || bool(o.shadow)) {
 				o.setFields(w.Header(), d.Result)
 			}
 			if !d.Result.Allowed {

@@ -31,7 +31,7 @@ const (
 
 	LimiterKey   = attribute.Key("redlimit.limiter")   // the limiter's name without its key (see LimiterBase)
 	AlgorithmKey = attribute.Key("redlimit.algorithm") // tokenbucket, funnel, fixed_window, sliding_window
-	OutcomeKey   = attribute.Key("redlimit.outcome")   // allowed, denied or error
+	OutcomeKey   = attribute.Key("redlimit.outcome")   // allowed, denied, error, or shadow_denied: granted in shadow mode, denied by the limit
 )
 
 // durationBounds suit a Redis round trip, from 100µs to a second; the SDK's
@@ -120,6 +120,8 @@ func Observer(provider metric.MeterProvider, opts ...Option) (func(redlimit.Deci
 		switch {
 		case d.Err != nil:
 			outcome = "error"
+		case d.Result.Reason == redlimit.ReasonShadow:
+			outcome = "shadow_denied"
 		case d.Result.Allowed:
 			outcome = "allowed"
 		}

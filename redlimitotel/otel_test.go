@@ -194,3 +194,29 @@ func TestLimiterBase(t *testing.T) {
 		}
 	}
 }
+
+// A limiter in shadow mode counts what the limit would have denied as
+// shadow_denied, apart from the grants enforcing would have made too.
+func TestShadowDenials(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	observe, err := redlimitotel.Observer(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	client := redlimit.New(rdb, redlimit.WithObserver(observe))
+	trial := client.SlidingWindow("trial").WithDefault(redlimit.PerMinute(2)).WithShadow()
+	for range 5 {
+		r, err := trial.Allow(context.Background(), 1)
+		if err != nil || !r.Allowed {
+			t.Fatalf("%+v %v: shadow mode grants every request", r, err)
+		}
+	}
+	counts, _ := collect(t, reader)
+	want := map[string]int64{"trial/sliding_window/allowed": 2, "trial/sliding_window/shadow_denied": 3}
+	if !maps.Equal(counts, want) {
+		t.Errorf("decisions %v, want %v", counts, want)
+	}
+}

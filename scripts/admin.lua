@@ -330,6 +330,20 @@ if op == 'ttl' then
   end
   return ttl
 end
+if op == 'shadow' then
+  -- Shadow mode is the stored config's: on (PERMITS 1), every instance's
+  -- decisions on the limiter are made and counted as ever, and their
+  -- callers granted whatever the limit says; off, they are enforced again.
+  if not read_config() then
+    fail('not initialized ' .. KEYS[1])
+  end
+  if ARGV[PERMITS] == '1' then
+    redis.call('HSET', KEYS[1], 'shadow', '1')
+  else
+    redis.call('HDEL', KEYS[1], 'shadow')
+  end
+  return 1
+end
 if op == 'clients' then
   return call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)
 end

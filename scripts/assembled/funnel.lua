@@ -203,6 +203,8 @@ local function decide(KEYS, ARGV)
   end
   local op, LOG = ARGV[OP], ARGV[LOG_WINDOW] ~= nil and ARGV[LOG_WINDOW] ~= ''
   local rate, interval, kind, burst, buckets, keepalive, stored
+  -- shadow: 1 when the stored config's limiter is in shadow mode (SetShadow).
+  local shadow = 0
   -- K: the suffix of a rate's state fields, '' for the config's own rate.
   local K = ''
 
@@ -234,8 +236,8 @@ local function decide(KEYS, ARGV)
   -- other (defer, a stored config only, fixed); a token bucket's default
   -- only asks whether the hash exists. d and a: ARGV[4]'s first and fourth
   -- bytes, 'd' for either default and 'a' for default.
-  -- f: rate, interval, type, keepAliveTime, algorithm, more, then burst
-  -- (BURST) or buckets (BUCKETS), then the state's fields, or nil; flat:
+  -- f: rate, interval, type, keepAliveTime, algorithm, more, shadow, then
+  -- burst (BURST) or buckets (BUCKETS), then the state's fields, or nil; flat:
   -- the flat state, or nil; none: KEYS[1] does not exist.
   local d, _, _, a = string.byte(ARGV[CONFIG], 1, 4)
   local f, flat, none, marked = nil, nil, false, false
@@ -244,7 +246,7 @@ local function decide(KEYS, ARGV)
     if not got then none = true elseif not got.err then flat = got end
   end
   if not flat and not none then
-    f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more'
+    f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more', 'shadow'
       --[[ own_config ]] , 'burst'--[[ fields ]] , 'tat' .. K)
     if not f.err then
       stored = f[1] or f[2] or f[5]
@@ -262,7 +264,7 @@ local function decide(KEYS, ARGV)
     if flat == ALGORITHM then flat, none, marked = nil, true, true else foreign = true end
   end
   local ok, more = not stored and ARGV[CONFIG] ~= '' and not foreign, nil
-  local S = (BURST or BUCKETS) and 8 or 7 -- the first state field
+  local S = (BURST or BUCKETS) and 9 or 8 -- the first state field
   -- A default that found a hash with neither config nor state of its own
   -- (its first rate's): a defer sees whether KEYS[1] is there at all, and if
   -- not, writes the state flat, and the short reply sends the handle back
@@ -280,7 +282,7 @@ local function decide(KEYS, ARGV)
     -- The same checks as admin.lua's stored_config, which names the culprit.
     rate, interval, kind, keepalive = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0)
     burst, buckets = 0, 0
-    if BURST then burst = tonumber(f[7] or 0) elseif BUCKETS then buckets = tonumber(f[7] or 0) end
+    if BURST then burst = tonumber(f[8] or 0) elseif BUCKETS then buckets = tonumber(f[8] or 0) end
     ok = rate and interval and kind and burst and buckets and keepalive
         and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
         and rate >= 1 and rate <= (RECORDS and 4294967295 or MAX) and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
@@ -288,6 +290,7 @@ local function decide(KEYS, ARGV)
         and (buckets == 0 and DEFAULT_BUCKETS or buckets) <= interval and rate <= interval * 1000
         and (f[5] or 'tokenbucket') == ALGORITHM
     more = f[6]
+    if f[7] == '1' then shadow = 1 end
   end
   -- The handle's config: a default while none is stored, a fixed one
   -- (Throttle's) even over a stored one, which must still be sound. Go
@@ -771,7 +774,8 @@ if tatf > 0 then reset = reset + 1 end
     -- value for the client to read, not six). A hash reply: allowed 0 or 1,
     -- limit, remaining, retry after µs (-1: never), reset after µs, window
     -- ms (the span limit applies to: the interval, or the time a funnel's
-    -- burst takes to drain). With several rates, limit and window are still
+    -- burst takes to drain), shadow (1: the stored config's limiter is in
+    -- shadow mode, and the client grants what this denies). With several rates, limit and window are still
     -- the first rate's, and follow: the index of the rate that bound the
     -- answer (0 for the first) and the further rates as more holds them
     -- (the client works out their limits and windows: formatting them here
@@ -790,9 +794,9 @@ if tatf > 0 then reset = reset + 1 end
     local window = limit * interval / rate
     window = window + (-window) % 1
     if rates then
-      return --[[ reply_hash_rates ]] string.format('h %d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, bound) .. more
+      return --[[ reply_hash_rates ]] string.format('h %d %d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
     end
-    return --[[ reply_hash ]] string.format('h %d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window)
+    return --[[ reply_hash ]] string.format('h %d %d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window, shadow)
   end
 end
 -- <<< The decision's end.
@@ -1165,6 +1169,20 @@ if op == 'ttl' then
     ttl = math.max(ttl, redis.call('PTTL', key))
   end
   return ttl
+end
+if op == 'shadow' then
+  -- Shadow mode is the stored config's: on (PERMITS 1), every instance's
+  -- decisions on the limiter are made and counted as ever, and their
+  -- callers granted whatever the limit says; off, they are enforced again.
+  if not read_config() then
+    fail('not initialized ' .. KEYS[1])
+  end
+  if ARGV[PERMITS] == '1' then
+    redis.call('HSET', KEYS[1], 'shadow', '1')
+  else
+    redis.call('HDEL', KEYS[1], 'shadow')
+  end
+  return 1
 end
 if op == 'clients' then
   return call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)
