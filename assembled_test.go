@@ -16,7 +16,7 @@ import (
 // until go generate writes them again.
 func TestAssembledScriptsAreCommitted(t *testing.T) {
 	write := os.Getenv("REDLIMIT_WRITE_SCRIPTS") == "1"
-	for _, s := range []*script{tokenBucket.script, funnel.script, fixedWindow.script, slidingWindow.script, batchScript} {
+	for _, s := range []*script{tokenBucket.script, funnel.script, fixedWindow.script, slidingWindow.script, batchScript, inflightScript} {
 		path := filepath.Join("scripts", "assembled", s.name+".lua")
 		if write {
 			require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))

@@ -77,7 +77,7 @@ func WithRetryWindow(d time.Duration) Option {
 // TryAcquire, Acquire attempt and AvailablePermits) or Throttle.
 type Decision struct {
 	Limiter   string // full name, with the prefix
-	Algorithm string // tokenbucket, funnel, fixed_window or sliding_window
+	Algorithm string // tokenbucket, funnel, fixed_window, sliding_window, or inflight (an in-flight limit's acquire)
 	Permits   int64
 	Result    Result
 	Err       error

@@ -34,6 +34,10 @@ var (
 	// can fix (NOPERM, NOAUTH, WRONGPASS, unknown command...). Not an outage:
 	// never failed open. The error wraps the refusal.
 	ErrMisconfigured = errors.New("redlimit: redis misconfigured")
+	// ErrHoldLost: an in-flight Hold expired before its holder released or
+	// refreshed it (its refreshes failed for a whole TTL, or came too late),
+	// so its slot may have gone to another holder meanwhile.
+	ErrHoldLost = errors.New("redlimit: hold lost")
 	// ErrBreakerOpen: WithBreaker answered without asking Redis. It wraps ErrUnavailable.
 	ErrBreakerOpen = fmt.Errorf("%w: breaker open", ErrUnavailable)
 )

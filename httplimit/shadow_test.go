@@ -22,7 +22,7 @@ func TestShadowMode(t *testing.T) {
 		client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return redistest.WindowStart }))
 		var reasons []redlimit.Reason
 		handler := httplimit.New(func(key string) *redlimit.Limiter {
-			return client.Funnel("shadow:"+key).WithDefault(redlimit.Config{Rate: 1, Interval: time.Second, Burst: 2}).WithShadow()
+			return client.Funnel("shadow:" + key).WithDefault(redlimit.Config{Rate: 1, Interval: time.Second, Burst: 2}).WithShadow()
 		}, httplimit.ShadowHeaders(headers), httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
 			t.Error("a shadow limiter denied a request")
 		}))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -30,7 +30,7 @@ const (
 	DurationName  = "redlimit.decision.duration" // histogram, seconds: the round trip to Redis
 
 	LimiterKey   = attribute.Key("redlimit.limiter")   // the limiter's name without its key (see LimiterBase)
-	AlgorithmKey = attribute.Key("redlimit.algorithm") // tokenbucket, funnel, fixed_window, sliding_window
+	AlgorithmKey = attribute.Key("redlimit.algorithm") // tokenbucket, funnel, fixed_window, sliding_window, inflight
 	OutcomeKey   = attribute.Key("redlimit.outcome")   // allowed, denied, error, or shadow_denied: granted in shadow mode, denied by the limit
 )
 

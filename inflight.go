@@ -1,0 +1,565 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// In-flight limits: at most Limit holders at once, across every instance,
+// where a rate limit counts what was granted per interval. The whole
+// decision is scripts/inflight.lua, run as every other script is (Client.run).
+
+// InFlight is a handle on one named in-flight limit in Redis: at most Limit
+// holds at once, whoever takes them. Acquire and TryAcquire take a Hold,
+// which its holder releases when its work is done. A holder that crashes
+// never releases: every hold therefore expires TTL after it was taken or
+// last refreshed, and its slot comes back by itself then. A Hold refreshes
+// itself every TTL/3 while held, so work may last longer than TTL; TTL is
+// how long a crashed holder's slot stays taken.
+//
+// The config lives in Redis, as a rate's does (SetLimit, TrySetLimit), with
+// the handle's default (WithDefault) in force while none is stored. A lower
+// Limit evicts no one: the holds above it finish, and new ones wait until
+// fewer than the new Limit remain.
+//
+// Like a Limiter, it holds no state of its own and is safe for concurrent
+// use; the Redis keys are the config hash (Name) and the holds, a sorted
+// set of hold ids scored by their expiry, named Name + ":holders" (with
+// Redisson's braces, in one Cluster slot) and expiring with the latest
+// hold. Being full is not an error: TryAcquire returns no Hold and no error.
+type InFlight struct {
+	client *Client
+	name   string
+	keys   []any // the config hash, the holds: as scripts/inflight.lua names them
+	// config is ARGV[CONFIG]: noArg (the stored config only) or the
+	// default's, "default limit ttl".
+	config any
+	dflt   InFlightConfig
+	err    error
+	// refreshEvery is how often holds refresh themselves: 0 for TTL/3,
+	// negative for never (tests on a controlled clock).
+	refreshEvery time.Duration
+}
+
+// InFlightConfig is an in-flight limit's config.
+type InFlightConfig struct {
+	Limit int64 // holds at once, 1 to 100,000
+	// TTL is how long a hold lasts unless refreshed: how long a crashed
+	// holder keeps its slot. At least 1ms, a whole number of milliseconds;
+	// a Hold refreshes itself every TTL/3.
+	TTL time.Duration
+}
+
+func (cfg InFlightConfig) String() string {
+	return fmt.Sprintf("%d in flight, %v each unless refreshed", cfg.Limit, cfg.TTL)
+}
+
+const (
+	// maxInFlightLimit bounds Limit: an acquire removes every hold that has
+	// expired in one call, and a crash of every holder leaves Limit of them.
+	// Removing 100,000 takes Redis some tens of milliseconds.
+	maxInFlightLimit = 100_000
+	// inFlightPoll is the longest a waiting Acquire sleeps between attempts:
+	// a holder that releases early tells no one, so waiters look again.
+	inFlightPoll = 20 * time.Millisecond
+)
+
+// The in-flight script's arguments, by position (ARGV[i]): declared here
+// once, and named so in scripts/inflight.lua by inflightHeader.
+const (
+	inflightArgOp     = 1 + iota // acquire | refresh | release | holders | get | set | tryset | delete
+	inflightArgNow               // µs, or '' for Redis TIME
+	inflightArgHold              // the hold's id
+	inflightArgConfig            // '' or "source limit ttl-ms"
+)
+
+// inflightAlgorithm is the name the config hash stores (its algorithm
+// field) and observers see.
+const inflightAlgorithm = "inflight"
+
+var (
+	opAcquire, opRefresh, opHolders any = "acquire", "refresh", "holders"
+
+	inflightScript = scriptOf(inflightAlgorithm, inflightHeader()+readScript("tools.lua")+readScript("inflight.lua"))
+)
+
+// inflightHeader declares what scripts/inflight.lua knows of Go: its
+// arguments' positions and the config's bounds.
+func inflightHeader() string {
+	return fmt.Sprintf("-- Declared by inflight.go's header, from Go.\n"+
+		"local OP, NOW, HOLD, CONFIG = %d, %d, %d, %d -- ARGV's\n"+
+		"local ALGORITHM, MAX_LIMIT, MAX_TTL = '%s', %d, %d\n",
+		inflightArgOp, inflightArgNow, inflightArgHold, inflightArgConfig,
+		inflightAlgorithm, maxInFlightLimit, maxInterval.Milliseconds())
+}
+
+// InFlight returns a handle on the in-flight limit called name (with the
+// Client's prefix). Its keys are built here, once.
+func (c *Client) InFlight(name string) *InFlight {
+	full := fullName(c.prefix, name)
+	l := &InFlight{client: c, name: full, config: noArg}
+	if err := validName(c.prefix, name, full); err != nil {
+		l.err = err
+		return l
+	}
+	l.keys = []any{full, keyOf(full, "holders")}
+	return l
+}
+
+// Name returns the limit's full name (with the Client's prefix): the key of its config hash.
+func (l *InFlight) Name() string { return l.name }
+
+// Validate reports why cfg cannot be an in-flight config, wrapping
+// ErrInvalidConfig. SetLimit, TrySetLimit and WithDefault check the same.
+func (l *InFlight) Validate(cfg InFlightConfig) error {
+	switch {
+	case cfg.Limit < 1 || cfg.Limit > maxInFlightLimit:
+		return invalid("limit %d is outside 1..%d", cfg.Limit, maxInFlightLimit)
+	case cfg.TTL < time.Millisecond:
+		return invalid("ttl %v is below 1ms", cfg.TTL)
+	case cfg.TTL%time.Millisecond != 0:
+		return invalid("ttl %v is not a whole number of milliseconds", cfg.TTL)
+	case cfg.TTL > maxInterval:
+		return invalid("ttl %v is above %v", cfg.TTL, maxInterval)
+	}
+	return nil
+}
+
+// WithDefault returns a handle that uses cfg while no config is stored in
+// Redis. It makes no round trip and stores nothing; SetLimit does. An
+// invalid cfg gives a handle whose every call fails with the reason.
+func (l *InFlight) WithDefault(cfg InFlightConfig) *InFlight {
+	d := *l
+	if err := l.Validate(cfg); err != nil {
+		d.err = errors.Join(d.err, err)
+		return &d
+	}
+	d.dflt, d.config = cfg, cfg.arg(sourceDefault)
+	return &d
+}
+
+// arg encodes cfg for the script: source, limit, ttl in ms.
+func (cfg InFlightConfig) arg(source string) string {
+	return source + " " + strconv.FormatInt(cfg.Limit, 10) + " " + strconv.FormatInt(cfg.TTL.Milliseconds(), 10)
+}
+
+// SetLimit stores cfg, replacing any stored config. Holds are kept: with a
+// lower Limit, those above it finish (no one is evicted) and acquires wait
+// until fewer than the new Limit remain; a new TTL applies from each hold's
+// next refresh.
+func (l *InFlight) SetLimit(ctx context.Context, cfg InFlightConfig) error {
+	_, err := l.store(ctx, opSet, cfg)
+	return err
+}
+
+// TrySetLimit stores cfg unless a config is stored already, and reports
+// whether it did: every instance can call it at start-up, and an operator's
+// SetLimit is kept.
+func (l *InFlight) TrySetLimit(ctx context.Context, cfg InFlightConfig) (bool, error) {
+	return l.store(ctx, opTrySet, cfg)
+}
+
+func (l *InFlight) store(ctx context.Context, op any, cfg InFlightConfig) (bool, error) {
+	if err := l.Validate(cfg); err != nil {
+		return false, err
+	}
+	reply, err := l.eval(ctx, op, noArg, cfg.arg(sourceNew))
+	if err != nil {
+		return false, err
+	}
+	return zeroOrOne(reply)
+}
+
+// Config returns the stored config, or the handle's default when none is
+// stored.
+func (l *InFlight) Config(ctx context.Context) (InFlightConfig, error) {
+	reply, err := l.eval(ctx, opGet, noArg, noArg)
+	if err != nil {
+		return InFlightConfig{}, err
+	}
+	v, ok := reply.([]any)
+	if ok && len(v) == 0 {
+		if l.dflt.Limit == 0 {
+			return InFlightConfig{}, fmt.Errorf("%w: %s", ErrNotInitialized, l.name)
+		}
+		return l.dflt, nil
+	}
+	var n [2]int64
+	if !ok || len(v) != len(n) || !integers(v, n[:]) {
+		return InFlightConfig{}, unexpected(reply)
+	}
+	cfg := InFlightConfig{Limit: n[0], TTL: time.Duration(n[1]) * time.Millisecond}
+	if l.Validate(cfg) != nil {
+		return InFlightConfig{}, unexpected(reply)
+	}
+	return cfg, nil
+}
+
+// Delete removes the config and every hold, and reports whether there were
+// any. Holders still working are not told: their next refresh finds their
+// hold gone (Hold.Lost).
+func (l *InFlight) Delete(ctx context.Context) (bool, error) {
+	reply, err := l.eval(ctx, opDelete, noArg, noArg)
+	if err != nil {
+		return false, err
+	}
+	return zeroOrOne(reply)
+}
+
+// Holder is one live hold, as Holders lists it.
+type Holder struct {
+	// ID is the hold's: the holding Client's ID (WithClientID), ':', then
+	// random hex, so that an operator can tell which instance holds it.
+	ID  string
+	TTL time.Duration // until it expires, unless refreshed
+}
+
+// Holders lists the live holds, the one expiring first first. It writes
+// nothing.
+func (l *InFlight) Holders(ctx context.Context) ([]Holder, error) {
+	reply, err := l.eval(ctx, opHolders, noArg, noArg)
+	if err != nil {
+		return nil, err
+	}
+	v, ok := reply.([]any)
+	if !ok || len(v)%2 != 0 {
+		return nil, unexpected(reply)
+	}
+	holders := make([]Holder, 0, len(v)/2)
+	for i := 0; i < len(v); i += 2 {
+		id, ok1 := v[i].(string)
+		ms, ok2 := v[i+1].(int64)
+		if !ok1 || !ok2 || ms < 0 || ms > maxInterval.Milliseconds() {
+			return nil, unexpected(reply)
+		}
+		holders = append(holders, Holder{ID: id, TTL: time.Duration(ms) * time.Millisecond})
+	}
+	return holders, nil
+}
+
+// TryAcquire takes a hold if fewer than Limit are held, without waiting. When
+// Limit are held it returns no Hold and no error.
+//
+// With WithFailOpen, a Redis that cannot decide (ErrUnavailable) gives a
+// Hold that holds no slot: its Release and Refresh do nothing.
+func (l *InFlight) TryAcquire(ctx context.Context) (*Hold, error) {
+	id := l.newHoldID()
+	h, _, err := l.try(ctx, id)
+	if err != nil {
+		l.abandon(id, err)
+	}
+	return h, err
+}
+
+// Acquire takes a hold, waiting until one is free or ctx ends. It looks
+// again when the earliest hold expires, and every 20ms meanwhile: a holder
+// that releases early tells no one. Every attempt of one Acquire asks for
+// the same hold, so a reply lost on the way (a timeout, a re-sent script)
+// never costs a second slot; an Acquire that fails after a call that may
+// have been granted releases that hold on its way out, in the background.
+// When ctx ends first the error wraps ctx's.
+func (l *InFlight) Acquire(ctx context.Context) (*Hold, error) {
+	id := l.newHoldID()
+	for {
+		h, wait, err := l.try(ctx, id)
+		if err != nil {
+			l.abandon(id, err)
+			return nil, err
+		}
+		if h != nil {
+			return h, nil
+		}
+		// The jitter spreads the waiters of one release over 5ms, so
+		// they do not all come back at once.
+		pause := min(wait, inFlightPoll) + rand.N(inFlightPoll/4)
+		if err := l.client.sleep(ctx, pause); err != nil {
+			return nil, fmt.Errorf("redlimit: no slot of %s came free in time: %w", l.name, context.Cause(ctx))
+		}
+	}
+}
+
+// try makes one attempt to take the hold id: the Hold when granted, else
+// the time until the earliest hold expires. It tells the observer.
+func (l *InFlight) try(ctx context.Context, id string) (*Hold, time.Duration, error) {
+	c := l.client
+	start := time.Now()
+	renewed := c.clock()
+	var r Result
+	var ttl time.Duration
+	reply, err := l.eval(ctx, opAcquire, id, l.config)
+	if err == nil {
+		r, ttl, err = parseAcquire(reply)
+	}
+	// As decide does: a caller's own cancellation is never granted.
+	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
+	if failOpen {
+		r = Result{Allowed: true}
+	}
+	if c.observe != nil {
+		c.observe(Decision{Limiter: l.name, Algorithm: inflightAlgorithm, Permits: 1, Result: r, Err: err, Latency: time.Since(start)})
+	}
+	switch {
+	case failOpen:
+		h := &Hold{l: l, id: id, phantom: true, lost: make(chan struct{})}
+		return h, 0, nil
+	case err != nil:
+		return nil, 0, err
+	case !r.Allowed:
+		return nil, r.RetryAfter, nil
+	}
+	return l.newHold(id, ttl, renewed), 0, nil
+}
+
+// parseAcquire reads an acquire's reply: {1, ttl ms, limit} or {0, wait
+// ms, limit}. It returns the decision and, granted, the hold's TTL.
+func parseAcquire(reply any) (Result, time.Duration, error) {
+	v, ok := reply.([]any)
+	var n [3]int64
+	if !ok || len(v) != len(n) || !integers(v, n[:]) || n[0] != 0 && n[0] != 1 ||
+		n[1] < 0 || n[1] > maxInterval.Milliseconds() || n[2] < 1 || n[2] > maxInFlightLimit {
+		return Result{}, 0, unexpected(reply)
+	}
+	d := time.Duration(n[1]) * time.Millisecond
+	if n[0] == 1 {
+		if d == 0 {
+			return Result{}, 0, unexpected(reply)
+		}
+		return Result{Allowed: true, Limit: n[2]}, d, nil
+	}
+	return Result{Limit: n[2], RetryAfter: d}, 0, nil
+}
+
+// abandon releases, in the background, the hold id that a call that failed
+// with err may have taken all the same: Redis may have run the script and
+// its reply been lost (a timeout, a cancelled context). An error that says
+// the script never ran, or did not grant, needs nothing.
+func (l *InFlight) abandon(id string, err error) {
+	maybeRan := errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrBreakerOpen) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	if !maybeRan || l.err != nil {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, _ = l.eval(ctx, opRelease, id, noArg)
+	}()
+}
+
+// newHoldID names a hold after its Client, for operators (Holders).
+func (l *InFlight) newHoldID() string {
+	return l.client.clientID + ":" + randomHex(8)
+}
+
+// eval runs the in-flight script once.
+func (l *InFlight) eval(ctx context.Context, op, id, config any) (any, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redlimit: %w", err)
+	}
+	now := noArg
+	if l.client.now != nil {
+		now = l.client.now().UnixMicro()
+	}
+	args := make([]any, inflightArgConfig)
+	args[inflightArgOp-1], args[inflightArgNow-1], args[inflightArgHold-1], args[inflightArgConfig-1] = op, now, id, config
+	return l.client.run(ctx, inflightScript, l.keys, args)
+}
+
+// zeroOrOne reads a reply of 0 or 1.
+func zeroOrOne(reply any) (bool, error) {
+	n, ok := reply.(int64)
+	if !ok || n != 0 && n != 1 {
+		return false, unexpected(reply)
+	}
+	return n == 1, nil
+}
+
+// Hold is one slot of an InFlight limit, taken by Acquire or TryAcquire.
+// Its holder calls Release when its work is done, with a context that is
+// still live: Release must reach Redis, or the slot stays taken until the
+// hold's TTL passes.
+//
+// While held, a Hold refreshes itself every TTL/3 (with the TTL in force
+// at each refresh), on a timer of its own. A refresh that fails (Redis
+// unreachable) is tried again a third of a TTL later; when none has
+// succeeded for a whole TTL, or one finds the hold gone (expired before it
+// came, or the limit deleted), the hold is lost: its slot may be another
+// holder's already. Lost is then closed, Err says why (ErrHoldLost), and
+// Release returns that error, so that a holder can tell that its work ran
+// for a while without its slot. It is safe for concurrent use.
+type Hold struct {
+	l       *InFlight
+	id      string
+	phantom bool // granted by WithFailOpen without Redis: it holds no slot
+	lost    chan struct{}
+
+	mu  sync.Mutex
+	ttl time.Duration
+	// renewed is when, on the Client's clock, the grant or the last
+	// refresh that succeeded was sent: the hold lasts at least ttl from it.
+	renewed  time.Time
+	released bool  // Release was called: no more refreshes
+	freed    bool  // Redis answered the release
+	err      error // why the hold was lost; nil while it is not
+	timer    *time.Timer
+}
+
+func (l *InFlight) newHold(id string, ttl time.Duration, renewed time.Time) *Hold {
+	h := &Hold{l: l, id: id, ttl: ttl, renewed: renewed, lost: make(chan struct{})}
+	h.mu.Lock()
+	h.scheduleLocked()
+	h.mu.Unlock()
+	return h
+}
+
+// ID returns the hold's id, as Holders lists it.
+func (h *Hold) ID() string { return h.id }
+
+// Lost is closed when the hold is lost (see Hold). It is never closed for a
+// hold released in time.
+func (h *Hold) Lost() <-chan struct{} { return h.lost }
+
+// Err returns nil while the hold is held or once it was released in time,
+// and an error wrapping ErrHoldLost once it was lost.
+func (h *Hold) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Refresh extends the hold to TTL from now. The Hold does it by itself every
+// TTL/3; call it to extend it sooner. A hold found gone is lost: Refresh
+// returns an error wrapping ErrHoldLost, and Lost is closed. Any other error
+// (Redis unavailable) leaves the hold as it was.
+func (h *Hold) Refresh(ctx context.Context) error {
+	if h.phantom {
+		return nil
+	}
+	h.mu.Lock()
+	released, err := h.released, h.err
+	h.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if released {
+		return fmt.Errorf("%w: %s was released", ErrHoldLost, h.id)
+	}
+	sent := h.l.client.clock()
+	reply, err := h.l.eval(ctx, opRefresh, h.id, h.l.config)
+	if err != nil {
+		return err
+	}
+	v, ok := reply.([]any)
+	var n [2]int64
+	if !ok || len(v) != len(n) || !integers(v, n[:]) || n[0] != 0 && n[0] != 1 ||
+		n[0] == 1 && (n[1] < 1 || n[1] > maxInterval.Milliseconds()) {
+		return unexpected(reply)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n[0] == 0 {
+		if h.released {
+			return fmt.Errorf("%w: %s was released", ErrHoldLost, h.id)
+		}
+		h.loseLocked(fmt.Errorf("%w: %s had expired, or the limit was deleted, before its refresh", ErrHoldLost, h.id))
+		return h.err
+	}
+	if sent.After(h.renewed) {
+		h.ttl, h.renewed = time.Duration(n[1])*time.Millisecond, sent
+	}
+	return nil
+}
+
+// Release gives the slot back. It returns an error wrapping ErrHoldLost when
+// the hold was lost before it (see Hold): the slot was given back all the
+// same, by its expiry. Any other error (Redis unavailable) leaves the slot
+// taken until the TTL passes, as refreshes stop; calling Release again
+// tries again. Once Redis has answered, Release does nothing more.
+func (h *Hold) Release(ctx context.Context) error {
+	h.mu.Lock()
+	if h.freed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.released = true
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	h.mu.Unlock()
+	if h.phantom {
+		return nil
+	}
+	reply, err := h.l.eval(ctx, opRelease, h.id, noArg)
+	if err != nil {
+		return err
+	}
+	live, err := zeroOrOne(reply)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.freed = true
+	if !live {
+		h.loseLocked(fmt.Errorf("%w: %s had expired before its release", ErrHoldLost, h.id))
+	}
+	return h.err
+}
+
+// loseLocked marks the hold lost for why, once.
+func (h *Hold) loseLocked(why error) {
+	if h.err != nil {
+		return
+	}
+	h.err = why
+	close(h.lost)
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+}
+
+// scheduleLocked sets the timer of the next automatic refresh.
+func (h *Hold) scheduleLocked() {
+	every := h.l.refreshEvery
+	if every < 0 {
+		return
+	}
+	if every == 0 {
+		every = max(h.ttl/3, time.Millisecond)
+	}
+	h.timer = time.AfterFunc(every, h.autoRefresh)
+}
+
+// autoRefresh is the timer's refresh. A refresh that fails is tried again
+// at the next tick, until a whole TTL has passed since the last one that
+// succeeded: the hold is lost then.
+func (h *Hold) autoRefresh() {
+	h.mu.Lock()
+	stop, ttl := h.released || h.err != nil, h.ttl
+	h.mu.Unlock()
+	if stop {
+		return
+	}
+	// No longer than a tick: a Redis that hangs must not stop the next one.
+	ctx, cancel := context.WithTimeout(context.Background(), max(ttl/3, time.Millisecond))
+	err := h.Refresh(ctx)
+	cancel()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released || h.err != nil {
+		return
+	}
+	if err != nil && h.l.client.clock().Sub(h.renewed) >= h.ttl {
+		h.loseLocked(fmt.Errorf("%w: %s: no refresh succeeded within its TTL of %v: %w", ErrHoldLost, h.id, h.ttl, err))
+		return
+	}
+	h.scheduleLocked()
+}

@@ -1,0 +1,201 @@
+-- Declared by inflight.go's header, from Go.
+local OP, NOW, HOLD, CONFIG = 1, 2, 3, 4 -- ARGV's
+local ALGORITHM, MAX_LIMIT, MAX_TTL = 'inflight', 100000, 315360000000
+-- The helpers of the admin ops and of a refused decision's diagnosis.
+-- script.go pastes this file after the decision block, so that no function
+-- is created on a decision's path.
+
+local function fail(why)
+  error('REDLIMIT ' .. why, 0)
+end
+
+-- call runs a command on key and turns an error into a clear one naming the
+-- key and the command (Redis before 7.2 names no command in an ACL refusal).
+local function call(key, command, ...)
+  local reply = redis.pcall(command, ...)
+  if type(reply) == 'table' and reply.err then
+    fail('corrupt ' .. key .. ': ' .. reply.err .. ' (' .. command .. ')')
+  end
+  return reply
+end
+
+-- integer parses a stored field: a whole number within [min, max], or nil when absent.
+local function integer(key, field, value, min, max)
+  if not value then
+    return nil
+  end
+  local n = tonumber(value)
+  if n == nil or n % 1 ~= 0 or n < min or n > max then
+    fail('corrupt ' .. key .. ': field ' .. field .. ' = ' .. string.format('%q', value))
+  end
+  return n
+end
+-- An in-flight limit (inflight.go): at most limit holds at once across every
+-- instance, each lost ttl ms after it was taken or last refreshed, so that a
+-- crashed holder's slot comes back by itself. inflight.go assembles the
+-- script: its header (the positions below, and the bounds), tools.lua, then
+-- this file.
+--
+-- KEYS[1]  the limiter's hash: limit, ttl (ms) and algorithm = 'inflight',
+--          as SetLimit stores them; absent while the handle's default rules.
+--          It never expires, as a rate's config does not.
+-- KEYS[2]  the holds: zset, member = the hold's id, score = when it expires,
+--          in ms. A hold at score s is gone from s on (s <= now); a hold
+--          released in time stays, at score -1, until the next sweep (see
+--          release). The key expires with its latest hold.
+-- ARGV, by the names the header declares (inflight.go's inflightArg*):
+-- ARGV[OP]      acquire | refresh | release | holders | get | set | tryset | delete
+-- ARGV[NOW]     now in µs, or '' to read Redis TIME
+-- ARGV[HOLD]    the hold's id (acquire, refresh, release)
+-- ARGV[CONFIG]  '' (the stored config only), or 'SOURCE limit ttl-ms', which
+--               Go has checked: SOURCE default (while none is stored) or new
+--               (set, tryset)
+-- Replies, integers only (and the holds' ids):
+-- acquire  {1, ttl ms, limit}: granted (again, for a re-sent script: the id
+--          is held already); {0, ms until the earliest hold expires, limit}:
+--          limit holds or more are live
+-- refresh  {1, ttl ms}: the hold expires ttl from now; {0, 0}: it is gone
+--          (expired, maybe reclaimed, or released)
+-- release  1: the hold was live and is released; 0: it had expired or was gone
+-- holders  {id, ms left, id, ms left, …} of the live holds, earliest first
+-- get      {limit, ttl ms}, or {} when none is stored
+-- set      1;  tryset  1 when it stored the config, 0 when one was stored
+-- delete   1 when there was a key to delete, else 0
+--
+-- A hold's slot is the only thing counted: lowering limit evicts no one; the
+-- holds above the new limit finish, and acquires wait until fewer than limit
+-- remain. No call walks more than the holds that have expired (at most the
+-- largest limit ever stored, which Go bounds by MAX_LIMIT) or the live ones.
+
+local NOW_US
+if ARGV[NOW] == '' then
+  local t = redis.call('TIME')
+  NOW_US = t[1] * 1000000 + t[2]
+else
+  NOW_US = ARGV[NOW] + 0
+end
+local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
+local op, CONF, HOLDS, id = ARGV[OP], KEYS[1], KEYS[2], ARGV[HOLD]
+
+-- config reads the stored config, checking that the hash is this
+-- algorithm's: a rate limiter of the same name (its config, Throttle's
+-- state in the hash, or a flat state or marker in a string) is a mismatch,
+-- never counted or overwritten. It returns the stored limit and ttl, or nil.
+local function config()
+  local f = redis.pcall('HMGET', CONF, 'limit', 'ttl', 'algorithm', 'rate', 'interval', 'tat', 'window', 'counts')
+  if f.err then
+    if call(CONF, 'TYPE', CONF).ok == 'string' then
+      fail('algorithm ' .. CONF .. " holds a rate limiter's state, not " .. ALGORITHM)
+    end
+    fail('corrupt ' .. CONF .. ': ' .. f.err)
+  end
+  local other = f[3] or (f[4] or f[5]) and 'tokenbucket' or f[6] and 'funnel' or f[7] and 'fixed_window'
+      or f[8] and 'sliding_window'
+  if other and other ~= ALGORITHM then
+    local what = (f[3] or f[4] or f[5]) and ' config' or ' state'
+    fail('algorithm ' .. CONF .. ' holds a ' .. other .. what .. ', not ' .. ALGORITHM)
+  end
+  if not f[3] then
+    if f[1] or f[2] then
+      fail('corrupt ' .. CONF .. ': limit or ttl without algorithm')
+    end
+    return nil
+  end
+  local limit, ttl = integer(CONF, 'limit', f[1], 1, MAX_LIMIT), integer(CONF, 'ttl', f[2], 1, MAX_TTL)
+  if not limit or not ttl then
+    fail('corrupt ' .. CONF .. ': limit or ttl missing')
+  end
+  return limit, ttl
+end
+
+-- given is the handle's config, or nil.
+local function given()
+  local limit, ttl = string.match(ARGV[CONFIG], '^%a+ (%d+) (%d+)$')
+  if limit then
+    return limit + 0, ttl + 0
+  end
+  return nil
+end
+
+-- in_force: the stored config, else the handle's default, else the error
+-- ErrNotInitialized stands for.
+local function in_force()
+  local limit, ttl = config()
+  if not limit then
+    limit, ttl = given()
+  end
+  if not limit then
+    fail('not initialized ' .. CONF)
+  end
+  return limit, ttl
+end
+
+-- hold sets id's expiry ttl from now, and has the holds' key live at least
+-- as long: PTTL is -1 on a key just created.
+local function hold(ttl)
+  call(HOLDS, 'ZADD', HOLDS, NOW_MS + ttl, id)
+  if call(HOLDS, 'PTTL', HOLDS) < ttl then
+    call(HOLDS, 'PEXPIRE', HOLDS, ttl)
+  end
+end
+
+if op == 'acquire' then
+  local limit, ttl = in_force()
+  call(HOLDS, 'ZREMRANGEBYSCORE', HOLDS, '-inf', NOW_MS)
+  -- Full when the limit-th hold exists. A re-sent script finds its own id
+  -- among them, and is granted again: counted once.
+  if #call(HOLDS, 'ZRANGE', HOLDS, limit - 1, limit - 1) > 0 and not call(HOLDS, 'ZSCORE', HOLDS, id) then
+    local earliest = call(HOLDS, 'ZRANGE', HOLDS, 0, 0, 'WITHSCORES')
+    return { 0, tonumber(earliest[2]) - NOW_MS, limit }
+  end
+  hold(ttl)
+  return { 1, ttl, limit }
+elseif op == 'refresh' then
+  call(HOLDS, 'ZREMRANGEBYSCORE', HOLDS, '-inf', NOW_MS)
+  if not call(HOLDS, 'ZSCORE', HOLDS, id) then
+    return { 0, 0 }
+  end
+  local _, ttl = in_force()
+  hold(ttl)
+  return { 1, ttl }
+elseif op == 'release' then
+  -- A hold released in time stays as a tombstone, score -1, which counts
+  -- for nothing (it has expired) and goes with the next acquire's sweep: a
+  -- re-sent release finds it, and answers as the first run did.
+  local expiry = tonumber(call(HOLDS, 'ZSCORE', HOLDS, id))
+  if expiry == -1 then
+    return 1
+  elseif not expiry then
+    return 0
+  elseif expiry <= NOW_MS then
+    call(HOLDS, 'ZREM', HOLDS, id)
+    return 0
+  end
+  call(HOLDS, 'ZADD', HOLDS, -1, id)
+  return 1
+elseif op == 'holders' then
+  local live = call(HOLDS, 'ZRANGEBYSCORE', HOLDS, '(' .. string.format('%d', NOW_MS), '+inf', 'WITHSCORES',
+    'LIMIT', 0, MAX_LIMIT)
+  for i = 2, #live, 2 do
+    live[i] = tonumber(live[i]) - NOW_MS
+  end
+  return live
+elseif op == 'get' then
+  local limit, ttl = config()
+  if not limit then
+    return {}
+  end
+  return { limit, ttl }
+elseif op == 'set' or op == 'tryset' then
+  local stored = config()
+  if stored and op == 'tryset' then
+    return 0
+  end
+  local limit, ttl = given()
+  call(CONF, 'HSET', CONF, 'limit', limit, 'ttl', ttl, 'algorithm', ALGORITHM)
+  return 1
+elseif op == 'delete' then
+  config() -- another algorithm's keys are not this handle's to delete
+  return call(CONF, 'DEL', CONF, HOLDS) > 0 and 1 or 0
+end
+fail('unknown op ' .. tostring(op))
