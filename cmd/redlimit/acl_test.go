@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redlimit/redlimit"
 	"github.com/redlimit/redlimit/internal/redistest"
@@ -69,6 +70,23 @@ func TestLeastPrivilegeACL(t *testing.T) {
 				if code != exitOK {
 					return alg.name + " " + strings.Join(cmd, " "), stdout + stderr, false
 				}
+			}
+		}
+		// An in-flight limit: one on a default with a hold (ls and get
+		// count holds through the library's script), one set here.
+		prefix := "svc:" + uniqueName("acl") + ":"
+		h, err := redlimit.New(admin, redlimit.WithPrefix(prefix)).InFlight("dflt").WithDefault(redlimit.InFlightConfig{Limit: 2, TTL: time.Minute}).TryAcquire(ctx)
+		if h == nil || err != nil {
+			t.Fatalf("TryAcquire: %v %v", h, err)
+		}
+		defer h.Release(ctx)
+		for _, cmd := range [][]string{
+			{"ls"}, {"get", "dflt"},
+			{"set", "jobs", "--limit", "2", "--ttl", "1m"}, {"ls"}, {"get", "jobs"}, {"delete", "--yes", "jobs"}, {"delete", "--yes", "dflt"},
+		} {
+			code, stdout, stderr := s.command(t, prefix, cmd[0], cmd[1:]...)
+			if code != exitOK {
+				return "inflight " + strings.Join(cmd, " "), stdout + stderr, false
 			}
 		}
 		return "", "", true

@@ -131,21 +131,26 @@ var (
 	perClientState = []struct{ suffix, algorithm string }{{"tat", "funnel"}, {"window", "fixed_window"}, {"buckets", "sliding_window"}, {"value", "tokenbucket"}, {"permits", "tokenbucket"}}
 	// hashFields is what ls and locate read of a limiter's hash: the
 	// config fields in Config's order, then the algorithm, then state,
-	// then the further rates (Config.More; absent with one rate).
-	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts", "more"}
+	// then the further rates (Config.More; absent with one rate), then an
+	// in-flight limit's config (InFlightConfig).
+	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts", "more", "limit", "ttl"}
+	// Where the fields read by name are in HMGET's reply.
+	fieldAlgorithm, fieldMore = slices.Index(hashFields, "algorithm"), slices.Index(hashFields, "more")
+	fieldLimit, fieldTTL      = slices.Index(hashFields, "limit"), slices.Index(hashFields, "ttl")
 )
 
 // classify tells a limiter's algorithm from its hash fields (hashFields'
 // order), and whether the hash stores a config. The algorithm field names
 // ours; without it, a rate or an interval is a token bucket (Redisson's
-// layout). "" means the hash is not a limiter's.
+// layout). "" means the hash is not a limiter's. An in-flight limit's hash
+// holds nothing but its config: SetLimit writes it whole.
 func classify(f []any) (algorithm string, stored bool) {
 	field := func(i int) (string, bool) { s, ok := f[i].(string); return s, ok }
 	_, rate := field(0)
 	_, interval := field(1)
 	stored = rate || interval
-	if alg, ok := field(6); ok {
-		return alg, stored
+	if alg, ok := field(fieldAlgorithm); ok {
+		return alg, stored || alg == inFlightAlgorithm
 	}
 	if stored {
 		return "tokenbucket", true
@@ -218,9 +223,9 @@ func flatAlgorithm(value string) string {
 
 // locate finds which algorithm holds name, reading only: the hash's fields,
 // or a flat state;
-// without a hash, the token bucket's Overall keys; then a PerClient
-// limiter's registry and its first client's state key. "" means there is no
-// limiter of that name.
+// without a hash, the token bucket's Overall keys, an in-flight limit's
+// holds; then a PerClient limiter's registry and its first client's state
+// key. "" means there is no limiter of that name.
 func (a *admin) locate(ctx context.Context, name string) (string, error) {
 	l := a.client.TokenBucket(name)
 	if name == "" || strings.Contains(name, "{") {
@@ -251,6 +256,14 @@ func (a *admin) locate(ctx context.Context, name string) (string, error) {
 	if n > 0 {
 		return "tokenbucket", nil
 	}
+	// An in-flight limit on its handles' default, with holds (or holds
+	// just expired: the key lives as long as the latest).
+	if n, err = a.rdb.Exists(ctx, keyOf(full, "holders")).Result(); err != nil {
+		return "", fmt.Errorf("reading %s: %w", full, err)
+	}
+	if n > 0 {
+		return inFlightAlgorithm, nil
+	}
 	// The latest client to be granted: its state is the likeliest to be left.
 	ids, err := a.rdb.ZRange(ctx, keyOf(full, "clients"), -1, -1).Result()
 	if err != nil || len(ids) == 0 {
@@ -272,7 +285,9 @@ func isWrongType(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
 }
 
-// limiter returns a handle on an existing limiter, or an exit code.
+// limiter returns a handle on an existing limiter and its algorithm, or an
+// exit code. An in-flight limit has no Limiter: its handle is
+// a.client.InFlight(name), and l is nil.
 func (a *admin) limiter(ctx context.Context, name string) (*redlimit.Limiter, string, int) {
 	alg, err := a.locate(ctx, name)
 	switch {
@@ -280,6 +295,8 @@ func (a *admin) limiter(ctx context.Context, name string) (*redlimit.Limiter, st
 		return nil, "", a.fail(err)
 	case alg == "":
 		return nil, "", a.notFound(name)
+	case alg == inFlightAlgorithm:
+		return nil, alg, exitOK
 	case algorithmNamed(alg) == nil:
 		return nil, "", a.fail(fmt.Errorf("%s holds an algorithm this command does not know: %q", a.client.TokenBucket(name).Name(), alg))
 	}
@@ -309,6 +326,21 @@ func (c *configFlags) add(fs *flag.FlagSet, what string) {
 }
 
 func (c *configFlags) given() bool { return c.rate != 0 || c.per != 0 }
+
+// rateFlags are configFlags' names: a rate's, none an in-flight limit's.
+var rateFlags = []string{"rate", "per", "burst", "buckets", "per-client", "keep-alive", "and"}
+
+// visited returns the first of names given on fs's command line, or "".
+func visited(fs *flag.FlagSet, names ...string) string {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range names {
+		if given[name] {
+			return name
+		}
+	}
+	return ""
+}
 
 // missing says which of --rate and --per is missing when the other is
 // given ("" when both or neither are): without it the library would refuse
@@ -470,6 +502,10 @@ config, usage needs the services' default: give it with --rate and --per
 from as_of (Redis TIME): retry_after_ms is the wait for one permit,
 reset_after_ms until the limiter is full again.
 
+For an in-flight limit: its stored limit and TTL (or none), how many holds
+are live, and each holder's id and time left until its hold expires unless
+refreshed, by id (InFlight.Holders). The rate flags do not apply.
+
 	redlimit get --redis redis://localhost:6379 --prefix svc: user:42
 `, true, stdout, stderr)
 	var assume configFlags
@@ -498,6 +534,12 @@ reset_after_ms until the limiter is full again.
 	l, alg, code := a.limiter(ctx, name)
 	if code != exitOK {
 		return code
+	}
+	if alg == inFlightAlgorithm {
+		if flag := visited(a.fs, rateFlags...); flag != "" {
+			return invalid(a.fs, "%s is an in-flight limit: --%s is a rate limiter's flag", name, flag)
+		}
+		return a.getInFlight(ctx, name, at)
 	}
 	rep := limiterReport{Name: name, Key: l.Name(), Algorithm: alg, AsOf: at.t.UTC().Format(asOfLayout), Clients: []limitUsage{}}
 	cfg, err := l.Config(ctx)
@@ -651,30 +693,48 @@ func fromJSON(c *configJSON) redlimit.Config {
 }
 
 func set(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a := newAdmin("set", "set NAME --rate N --per DURATION [flags]", `Stores a limiter's config (SetRate), or with --if-absent only when none is
+	a := newAdmin("set", "set NAME (--rate N --per DURATION | --limit N --ttl DURATION) [flags]", `Stores a limiter's config (SetRate), or with --if-absent only when none is
 stored (TrySetRate). Usage so far is kept and counts against the new rate;
 changing --per-client clears it. A limiter that exists keeps its algorithm;
 a new one needs --algorithm: the one its services' handles use.
 
+With --limit and --ttl instead, it stores an in-flight limit's config
+(InFlight.SetLimit; TrySetLimit with --if-absent): at most --limit holds at
+once, each lost --ttl after it was taken or last refreshed. Holds are kept:
+with a lower limit, those above it finish, and none is granted until fewer
+remain. The rate flags do not go with these.
+
 	redlimit set --redis redis://localhost:6379 user:42 --rate 100 --per 1m --algorithm fixed_window
+	redlimit set --redis redis://localhost:6379 exports --limit 10 --ttl 30s
 `, false, stdout, stderr)
 	var c configFlags
 	c.add(a.fs, "")
-	algorithm := a.fs.String("algorithm", "", "for a new limiter: "+strings.Join(algorithmNames(), ", "))
-	ifAbsent := a.fs.Bool("if-absent", false, "store only if no config is stored (TrySetRate)")
+	var hold inFlightFlags
+	hold.add(a.fs)
+	algorithm := a.fs.String("algorithm", "", "for a new limiter: "+strings.Join(algorithmNames(), ", ")+" (--limit and --ttl need none: they say "+inFlightAlgorithm+")")
+	ifAbsent := a.fs.Bool("if-absent", false, "store only if no config is stored (TrySetRate, TrySetLimit)")
 	pos, code, ok := a.parse(args)
 	if !ok {
 		return code
 	}
+	rate, inFlight := visited(a.fs, rateFlags...), visited(a.fs, inFlightFlagNames...)
 	switch {
 	case len(pos) != 1:
 		return usageError(a.fs, "want one NAME, got %d arguments", len(pos))
+	case *algorithm != "" && *algorithm != inFlightAlgorithm && algorithmNamed(*algorithm) == nil:
+		return invalid(a.fs, "unknown algorithm %q: want one of %s, %s", *algorithm, strings.Join(algorithmNames(), ", "), inFlightAlgorithm)
+	case rate != "" && inFlight != "":
+		return usageError(a.fs, "--%s is an in-flight limit's, --%s a rate limiter's: give one or the other", inFlight, rate)
+	case *algorithm == inFlightAlgorithm && rate != "":
+		return usageError(a.fs, "--algorithm %s takes --limit and --ttl, not --%s", inFlightAlgorithm, rate)
+	case inFlight != "" && *algorithm != "" && *algorithm != inFlightAlgorithm:
+		return usageError(a.fs, "--%s is an in-flight limit's: --algorithm %s takes --rate and --per", inFlight, *algorithm)
+	case inFlight != "" || *algorithm == inFlightAlgorithm:
+		return a.setInFlight(ctx, pos[0], hold, *ifAbsent)
 	case !c.given():
-		return usageError(a.fs, "want --rate and --per")
+		return usageError(a.fs, "want --rate and --per, or --limit and --ttl")
 	case c.missing(a.fs) != "":
 		return usageError(a.fs, "%s", c.missing(a.fs))
-	case *algorithm != "" && algorithmNamed(*algorithm) == nil:
-		return invalid(a.fs, "unknown algorithm %q: want one of %s", *algorithm, strings.Join(algorithmNames(), ", "))
 	}
 	// Ranges before dialling; the fields an algorithm uses once it is known.
 	common := c.config()
@@ -694,6 +754,8 @@ a new one needs --algorithm: the one its services' handles use.
 	switch {
 	case err != nil:
 		return a.fail(err)
+	case held == inFlightAlgorithm:
+		return a.fail(fmt.Errorf("%s is an in-flight limit, not a rate limiter: set it with --limit and --ttl, or delete it first (redlimit delete) to make it a rate limiter", name))
 	case held == "" && *algorithm == "":
 		// Guessing would break the services: a handle of another
 		// algorithm fails on a config that is not its own.
@@ -730,6 +792,8 @@ a new one needs --algorithm: the one its services' handles use.
 
 func reset(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("reset", "reset [flags] NAME", `Forgets a limiter's usage, every client's, and keeps its config (Reset).
+Not for an in-flight limit: the library has no call that drops its holds
+and keeps its config.
 `, false, stdout, stderr)
 	return a.onLimiter(ctx, args, 0, func(l *redlimit.Limiter, name, _ string) int {
 		if err := l.Reset(ctx); err != nil {
@@ -737,7 +801,7 @@ func reset(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "%s: usage forgotten\n", name)
 		return exitOK
-	})
+	}, a.notForInFlight("the library has no call that drops the holds and keeps the config; holds end when released or when their TTL passes, and redlimit delete drops them with the config"))
 }
 
 // terminalInput is where delete reads a confirmation from, and whether it
@@ -755,39 +819,60 @@ var terminalInput = func() (io.Reader, bool) {
 func deleteLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("delete", "delete [flags] NAME", `Removes every key of a limiter: its config, every client's usage (Delete).
 Services with a default carry on from a full limit; those without fail with
-"rate not set" until a rate is stored again. Asks for confirmation on a
-terminal; elsewhere it needs --yes.
+"rate not set" until a rate is stored again. For an in-flight limit, its
+config and every hold (InFlight.Delete): holders still at work are not told,
+and find their hold gone at their next refresh (Hold.Lost). Asks for
+confirmation on a terminal; elsewhere it needs --yes.
 `, false, stdout, stderr)
 	yes := a.fs.Bool("yes", false, "delete without asking")
-	return a.onLimiter(ctx, args, 0, func(l *redlimit.Limiter, name, alg string) int {
-		if !*yes {
-			in, terminal := terminalInput()
-			if !terminal {
-				return invalid(a.fs, "not a terminal: confirm with --yes")
-			}
-			fmt.Fprintf(stdout, "Delete the %s limiter %s (key %s) and all its usage? [y/N] ", alg, name, l.Name())
-			line, _ := bufio.NewReader(in).ReadString('\n')
-			if answer := strings.ToLower(strings.TrimSpace(line)); answer != "y" && answer != "yes" {
-				fmt.Fprintln(stdout, "Nothing deleted.")
-				return exitFail
-			}
+	// confirmed asks on a terminal, unless --yes; when not confirmed, it
+	// says what run should return.
+	confirmed := func(question string) (int, bool) {
+		if *yes {
+			return exitOK, true
 		}
-		existed, err := l.Delete(ctx)
-		if err != nil {
+		in, terminal := terminalInput()
+		if !terminal {
+			return invalid(a.fs, "not a terminal: confirm with --yes"), false
+		}
+		fmt.Fprintf(stdout, "%s [y/N] ", question)
+		line, _ := bufio.NewReader(in).ReadString('\n')
+		if answer := strings.ToLower(strings.TrimSpace(line)); answer != "y" && answer != "yes" {
+			fmt.Fprintln(stdout, "Nothing deleted.")
+			return exitFail, false
+		}
+		return exitOK, true
+	}
+	deleted := func(name string, existed bool, err error) int {
+		switch {
+		case err != nil:
 			return a.fail(err)
-		}
-		if !existed { // gone since locate found it
+		case !existed: // gone since locate found it
 			return a.notFound(name)
 		}
 		fmt.Fprintf(stdout, "%s: deleted\n", name)
 		return exitOK
+	}
+	return a.onLimiter(ctx, args, 0, func(l *redlimit.Limiter, name, alg string) int {
+		if code, ok := confirmed(fmt.Sprintf("Delete the %s limiter %s (key %s) and all its usage?", alg, name, l.Name())); !ok {
+			return code
+		}
+		existed, err := l.Delete(ctx)
+		return deleted(name, existed, err)
+	}, func(f *redlimit.InFlight, name string) int {
+		if code, ok := confirmed(fmt.Sprintf("Delete the in-flight limit %s (key %s) and all its holds?", name, f.Name())); !ok {
+			return code
+		}
+		existed, err := f.Delete(ctx)
+		return deleted(name, existed, err)
 	})
 }
 
 func expire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("expire", "expire [flags] NAME DURATION", `Makes every key of a limiter expire within DURATION (a Go duration such as
 10m, or whole seconds); keys due sooner keep their expiry (Expire). A later
-SetRate or keep-alive sets the expiry again.
+SetRate or keep-alive sets the expiry again. Not for an in-flight limit: its
+config never expires, and each hold expires by itself.
 `, false, stdout, stderr)
 	var ttl time.Duration
 	return a.onLimiter(ctx, args, 1, func(l *redlimit.Limiter, name, _ string) int {
@@ -800,7 +885,7 @@ SetRate or keep-alive sets the expiry again.
 		}
 		fmt.Fprintf(stdout, "%s: expires within %v\n", name, ttl)
 		return exitOK
-	}, func(arg string) int {
+	}, a.notForInFlight("the config never expires, and each hold expires by itself, TTL after it was taken or last refreshed"), func(arg string) int {
 		d, err := parsePeriod(arg)
 		switch {
 		case err != nil:
@@ -815,8 +900,10 @@ SetRate or keep-alive sets the expiry again.
 }
 
 // onLimiter parses NAME and extra arguments (each checked by its own
-// func), connects, finds the limiter and runs do on it.
-func (a *admin) onLimiter(ctx context.Context, args []string, extra int, do func(l *redlimit.Limiter, name, alg string) int, checks ...func(string) int) int {
+// func), connects, finds the limiter and runs do on it, or inFlight on an
+// in-flight limit.
+func (a *admin) onLimiter(ctx context.Context, args []string, extra int, do func(l *redlimit.Limiter, name, alg string) int,
+	inFlight func(f *redlimit.InFlight, name string) int, checks ...func(string) int) int {
 	pos, code, ok := a.parse(args)
 	if !ok {
 		return code
@@ -834,8 +921,20 @@ func (a *admin) onLimiter(ctx context.Context, args []string, extra int, do func
 	}
 	defer a.close()
 	l, alg, code := a.limiter(ctx, pos[0])
-	if code != exitOK {
+	switch {
+	case code != exitOK:
 		return code
+	case alg == inFlightAlgorithm:
+		return inFlight(a.client.InFlight(pos[0]), pos[0])
 	}
 	return do(l, pos[0], alg)
+}
+
+// notForInFlight is the inFlight of a command an in-flight limit does not
+// take: it refuses, saying why.
+func (a *admin) notForInFlight(why string) func(*redlimit.InFlight, string) int {
+	return func(_ *redlimit.InFlight, name string) int {
+		fmt.Fprintf(a.stderr, "redlimit %s: %s is an in-flight limit: %s is not supported for in-flight limits (%s)\n", a.name, name, a.name, why)
+		return exitFail
+	}
 }

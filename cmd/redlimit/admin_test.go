@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -478,6 +479,18 @@ func TestDeleteAsks(t *testing.T) {
 	if code, stdout, _ := s.command(t, prefix, "delete", "api"); code != exitOK || m.Exists(prefix+"{api}") {
 		t.Errorf("answered y: exit %d %q", code, stdout)
 	}
+
+	// An in-flight limit: its holds go too.
+	s.must(t, prefix, "set", "jobs", "--limit", "2", "--ttl", "1m")
+	answer = "n\n"
+	code, stdout, _ = s.command(t, prefix, "delete", "jobs")
+	if want := "Delete the in-flight limit jobs (key " + prefix + "{jobs}) and all its holds? [y/N] Nothing deleted.\n"; code != exitFail || stdout != want || !m.Exists(prefix+"{jobs}") {
+		t.Errorf("answered n: exit %d %q, want %q", code, stdout, want)
+	}
+	answer = "yes\n"
+	if code, stdout, _ := s.command(t, prefix, "delete", "jobs"); code != exitOK || m.Exists(prefix+"{jobs}") {
+		t.Errorf("answered yes: exit %d %q", code, stdout)
+	}
 }
 
 func TestAdminCommandLine(t *testing.T) {
@@ -504,7 +517,7 @@ func TestAdminCommandLine(t *testing.T) {
 		{[]string{"set", "--redis", r, "api", "--per", "1s"}, exitUsage, "--rate is required"},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "0s"}, exitUsage, "invalid config"},
 		{[]string{"get", "--redis", r, "api", "--rate", "1"}, exitUsage, "--per is required"},
-		{[]string{"set", "--redis", r, "api"}, exitUsage, "want --rate and --per"},
+		{[]string{"set", "--redis", r, "api"}, exitUsage, "want --rate and --per, or --limit and --ttl"},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "leaky"}, exitUsage, `unknown algorithm "leaky"`},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--algorithm", "fixed_window", "--burst", "5"}, exitUsage, "only a funnel has a burst"},
 		{[]string{"set", "--redis", r, "api", "--rate", "1", "--per", "1s", "--json"}, exitUsage, "flag provided but not defined: -json"},
@@ -515,6 +528,22 @@ func TestAdminCommandLine(t *testing.T) {
 		{[]string{"set", "--redis", r, "rates", "--rate", "1", "--per", "1s", "--and", "100/1h,burst=many"}, exitUsage, `burst "many" is not an integer`},
 		{[]string{"set", "--redis", r, "rates", "--rate", "10", "--per", "1s", "--and", "5/1m"}, exitUsage, "5 per 1m0s grants no more than 10 per 1s"},
 		{[]string{"set", "--redis", r, "rates", "--rate", "10", "--per", "1s", "--and", "100/1h,burst=5", "--algorithm", "fixed_window"}, exitUsage, "only a funnel has a burst"},
+		// In-flight limits: --limit and --ttl go together, and with no rate flag.
+		{[]string{"set", "--redis", r, "jobs", "--limit", "5"}, exitUsage, "--ttl is required with --limit"},
+		{[]string{"set", "--redis", r, "jobs", "--ttl", "5s"}, exitUsage, "--limit is required with --ttl"},
+		{[]string{"set", "--redis", r, "jobs", "--algorithm", "inflight"}, exitUsage, "want --limit and --ttl"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "0", "--ttl", "5s"}, exitUsage, "redlimit set: invalid config: limit 0 is outside 1..100000\n"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "100001", "--ttl", "5s"}, exitUsage, "limit 100001 is outside 1..100000"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "5", "--ttl", "1500us"}, exitUsage, "ttl 1.5ms is not a whole number of milliseconds"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "5", "--ttl", "0s"}, exitUsage, "ttl 0s is below 1ms"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "five", "--ttl", "5s"}, exitUsage, `invalid value "five" for flag -limit`},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "5", "--ttl", "5s", "--rate", "3"}, exitUsage, "--limit is an in-flight limit's, --rate a rate limiter's: give one or the other"},
+		{[]string{"set", "--redis", r, "jobs", "--ttl", "5s", "--and", "5/1h"}, exitUsage, "--ttl is an in-flight limit's, --and a rate limiter's"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "5", "--ttl", "5s", "--per-client"}, exitUsage, "--limit is an in-flight limit's, --per-client a rate limiter's"},
+		{[]string{"set", "--redis", r, "jobs", "--rate", "1", "--per", "1s", "--algorithm", "inflight"}, exitUsage, "--algorithm inflight takes --limit and --ttl, not --rate"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "5", "--ttl", "5s", "--algorithm", "funnel"}, exitUsage, "--limit is an in-flight limit's: --algorithm funnel takes --rate and --per"},
+		{[]string{"set", "--redis", r, "jobs", "--limit", "5", "--ttl", "5s", "--algorithm", "leaky"}, exitUsage, `unknown algorithm "leaky": want one of fixed_window, sliding_window, tokenbucket, funnel, inflight`},
+		{[]string{"set", "--redis", r, "--limit", "5", "--ttl", "5s", "a{"}, exitUsage, "invalid limiter name"},
 		{[]string{"expire", "--redis", r, "api"}, exitUsage, "want 2 arguments, got 1"},
 		{[]string{"expire", "--redis", r, "api", "0"}, exitUsage, "to delete, use redlimit delete"},
 		{[]string{"expire", "--redis", r, "api", "soon"}, exitUsage, `DURATION "soon"`},
@@ -948,6 +977,199 @@ func TestLsDefaults(t *testing.T) {
 		}
 		if rep := s.get(t, prefix, "pc:8"); rep.Algorithm != "sliding_window" {
 			t.Errorf("get of a marker: %+v", rep)
+		}
+	})
+}
+
+// TestInFlightAdmin takes in-flight limits through every admin command: one
+// stored with set, one on its handles' default known only by its holds. The
+// holds are taken and the reports made on one fixed clock, so that every
+// hold's time left is exact.
+func TestInFlightAdmin(t *testing.T) {
+	ctx := context.Background()
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	saved := usageTime
+	usageTime = func(context.Context, redis.UniversalClient) (time.Time, error) { return base.Add(2 * time.Second), nil }
+	t.Cleanup(func() { usageTime = saved })
+	eachServer(t, func(t *testing.T, s server) {
+		prefix := newPrefix()
+		// An hour's TTL: no hold refreshes itself (every TTL/3) while the
+		// test runs, so that the keys stay as they were between snapshots.
+		if out := s.must(t, prefix, "set", "jobs", "--limit", "3", "--ttl", "1h"); out != "jobs: inflight now 3 in flight, TTL 1h0m0s\n" {
+			t.Errorf("set: %q", out)
+		}
+		acquire := func(l *redlimit.InFlight) *redlimit.Hold {
+			t.Helper()
+			h, err := l.TryAcquire(ctx)
+			if h == nil || err != nil {
+				t.Fatalf("TryAcquire: %v %v", h, err)
+			}
+			t.Cleanup(func() { _ = h.Release(context.Background()) }) // stops its refreshes
+			return h
+		}
+		clock := redlimit.WithClock(func() time.Time { return base })
+		instance := func(id string) *redlimit.Client {
+			return redlimit.New(s.rdb, redlimit.WithPrefix(prefix), redlimit.WithClientID(id), clock)
+		}
+		holds := []*redlimit.Hold{acquire(instance("api-2").InFlight("jobs")), acquire(instance("api-1").InFlight("jobs"))}
+		other := acquire(instance("worker").InFlight("reports").WithDefault(redlimit.InFlightConfig{Limit: 4, TTL: time.Hour}))
+		ids := []string{holds[0].ID(), holds[1].ID()}
+		slices.Sort(ids) // get lists holders by id: api-1's first
+		before := snapshot(t, s, prefix)
+
+		text := s.must(t, prefix, "get", "jobs")
+		want := "limiter    jobs  (key " + prefix + "{jobs})\n" +
+			"algorithm  inflight\n" +
+			"config     3 in flight, TTL 1h0m0s  (stored)\n" +
+			"held       2 of 3; 1 free\n" +
+			"\n" +
+			"2 holders, by id:\n" +
+			"  " + ids[0] + "  59m58s left\n" +
+			"  " + ids[1] + "  59m58s left\n"
+		if text != want {
+			t.Errorf("get:\n%s\nwant:\n%s", text, want)
+		}
+		var rep inFlightReport
+		if err := json.Unmarshal([]byte(s.must(t, prefix, "get", "--json", "jobs")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		wantRep := inFlightReport{Name: "jobs", Key: prefix + "{jobs}", Algorithm: "inflight", InFlight: &inFlightJSON{Limit: 3, TTLMS: 3_600_000},
+			AsOf: "2030-01-01T00:00:02.000Z", Held: 2, Holders: []holderJSON{{ids[0], 3_598_000}, {ids[1], 3_598_000}}}
+		if !reflect.DeepEqual(rep, wantRep) {
+			t.Errorf("get --json: %+v\nwant %+v", rep, wantRep)
+		}
+		text = s.must(t, prefix, "get", "reports")
+		want = "limiter    reports  (key " + prefix + "{reports})\n" +
+			"algorithm  inflight\n" +
+			"config     none stored  (it runs on its handles' default)\n" +
+			"held       1\n" +
+			"\n" +
+			"1 holder, by id:\n" +
+			"  " + other.ID() + "  59m58s left\n"
+		if text != want {
+			t.Errorf("get on a default:\n%s\nwant:\n%s", text, want)
+		}
+
+		// ls lists both: one by its hash, one by its holds alone.
+		listed := s.must(t, prefix, "ls")
+		lines := strings.Split(strings.TrimSuffix(listed, "\n"), "\n")
+		slices.Sort(lines) // SCAN's order
+		wantLines := []string{
+			"jobs                      inflight        3 in flight, TTL 1h0m0s; 2 held",
+			"reports                   inflight        none stored (runs on its handles' default); 1 held",
+		}
+		if !slices.Equal(lines, wantLines) {
+			t.Errorf("ls:\n%s\nwant:\n%s", listed, strings.Join(wantLines, "\n"))
+		}
+		for pattern, want := range map[string]string{
+			"jobs":    `{"name":"jobs","key":"` + prefix + `{jobs}","algorithm":"inflight","config":null,"inflight":{"limit":3,"ttl_ms":3600000},"held":2}` + "\n",
+			"reports": `{"name":"reports","key":"` + prefix + `{reports}","algorithm":"inflight","config":null,"held":1}` + "\n",
+		} {
+			if got := s.must(t, prefix, "ls", "--json", pattern); got != want {
+				t.Errorf("ls --json %s: %s\nwant %s", pattern, got, want)
+			}
+		}
+		if after := snapshot(t, s, prefix); len(before) == 0 || !maps.Equal(before, after) {
+			t.Errorf("get and ls changed keys:\nbefore %q\nafter  %q", before, after)
+		}
+
+		// set: --if-absent keeps the stored config; a lower limit keeps the holds.
+		if out := s.must(t, prefix, "set", "jobs", "--limit", "9", "--ttl", "1h", "--if-absent"); out != "jobs: inflight keeps the config stored already: 3 in flight, TTL 1h0m0s\n" {
+			t.Errorf("set --if-absent: %q", out)
+		}
+		s.must(t, prefix, "set", "--limit", "1", "--ttl", "1h", "jobs") // flags before or after NAME
+		if text := s.must(t, prefix, "get", "jobs"); !strings.Contains(text, "\nheld       2 of 1; none free\n") {
+			t.Errorf("get after lowering the limit:\n%s", text)
+		}
+		if out := s.must(t, prefix, "set", "fresh", "--limit", "5", "--ttl", "30s", "--if-absent"); out != "fresh: inflight now 5 in flight, TTL 30s\n" {
+			t.Errorf("set --if-absent on a new name: %q", out)
+		}
+		if cfg, err := instance("x").InFlight("fresh").Config(ctx); err != nil || cfg != (redlimit.InFlightConfig{Limit: 5, TTL: 30 * time.Second}) {
+			t.Errorf("fresh: %v %v", cfg, err)
+		}
+
+		// What does not go with an in-flight limit, and a rate limiter's name.
+		s.must(t, prefix, "set", "api", "--rate", "10", "--per", "1h", "--algorithm", "funnel")
+		for _, tt := range []struct {
+			args   []string
+			code   int
+			stderr string
+		}{
+			{[]string{"set", "jobs", "--rate", "10", "--per", "1h"}, exitFail,
+				"redlimit set: jobs is an in-flight limit, not a rate limiter: set it with --limit and --ttl, or delete it first (redlimit delete) to make it a rate limiter\n"},
+			{[]string{"set", "api", "--limit", "2", "--ttl", "1m"}, exitFail,
+				"redlimit set: api is a funnel limiter, not an in-flight limit: delete it first (redlimit delete) to make it one\n"},
+			{[]string{"get", "jobs", "--rate", "10", "--per", "1h"}, exitUsage,
+				"redlimit get: jobs is an in-flight limit: --rate is a rate limiter's flag\n"},
+			{[]string{"reset", "jobs"}, exitFail,
+				"redlimit reset: jobs is an in-flight limit: reset is not supported for in-flight limits (the library has no call that drops the holds and keeps the config; holds end when released or when their TTL passes, and redlimit delete drops them with the config)\n"},
+			{[]string{"expire", "jobs", "10m"}, exitFail,
+				"redlimit expire: jobs is an in-flight limit: expire is not supported for in-flight limits (the config never expires, and each hold expires by itself, TTL after it was taken or last refreshed)\n"},
+			{[]string{"delete", "jobs"}, exitUsage, "redlimit delete: not a terminal: confirm with --yes\n"},
+		} {
+			code, stdout, stderr := s.command(t, prefix, tt.args[0], tt.args[1:]...)
+			if code != tt.code || stdout != "" || stderr != tt.stderr {
+				t.Errorf("%v: exit %d, stdout %q\nstderr %q\nwant exit %d, stderr %q", tt.args, code, stdout, stderr, tt.code, tt.stderr)
+			}
+		}
+		if cfg, err := instance("x").InFlight("jobs").Config(ctx); err != nil || cfg != (redlimit.InFlightConfig{Limit: 1, TTL: time.Hour}) {
+			t.Errorf("jobs after the refusals: %v %v", cfg, err)
+		}
+
+		// delete drops the config and the holds: a holder finds out at its next refresh.
+		for _, name := range []string{"jobs", "reports", "fresh", "api"} {
+			if out := s.must(t, prefix, "delete", "--yes", name); out != name+": deleted\n" {
+				t.Errorf("delete %s: %q", name, out)
+			}
+		}
+		if err := holds[0].Refresh(ctx); !errors.Is(err, redlimit.ErrHoldLost) {
+			t.Errorf("a hold's refresh after delete: %v, want ErrHoldLost", err)
+		}
+		for _, args := range [][]string{{"get", "jobs"}, {"delete", "--yes", "jobs"}, {"reset", "reports"}, {"expire", "reports", "1m"}} {
+			code, _, stderr := s.command(t, prefix, args[0], args[1:]...)
+			name := "jobs"
+			if args[0] == "reset" || args[0] == "expire" {
+				name = "reports"
+			}
+			if code != exitNotFound || !strings.Contains(stderr, `no limiter "`+name+`"`) {
+				t.Errorf("%v after delete: exit %d\n%s", args, code, stderr)
+			}
+		}
+		if keys := keysUnder(t, s.rdb, prefix); len(keys) != 0 {
+			t.Errorf("keys left: %v", keys)
+		}
+	})
+}
+
+// TestLsInFlightCorrupt: an in-flight limit whose config or holds the
+// library would refuse is listed as corrupt, and ls goes on.
+func TestLsInFlightCorrupt(t *testing.T) {
+	ctx := context.Background()
+	eachServer(t, func(t *testing.T, s server) {
+		prefix := newPrefix()
+		s.rdb.HSet(ctx, prefix+"{zero}", "limit", "0", "ttl", "1000", "algorithm", "inflight")
+		s.rdb.HSet(ctx, prefix+"{nottl}", "limit", "2", "algorithm", "inflight")
+		s.rdb.HSet(ctx, prefix+"{str}", "limit", "2", "ttl", "1000", "algorithm", "inflight")
+		s.rdb.Set(ctx, prefix+"{str}:holders", "x", time.Hour)
+		got := s.ls(t, prefix)
+		// The holds of str cannot be counted; its config was read.
+		want := map[string]lsLine{
+			"zero":  {Corrupt: "fields limit = 0, ttl = 1000: invalid config: limit 0 is outside 1..100000", Held: new(0)},
+			"nottl": {Corrupt: "field ttl missing", Held: new(0)},
+			"str": {Corrupt: "corrupt state: " + prefix + "{str}:holders: WRONGTYPE Operation against a key holding the wrong kind of value (ZRANGEBYSCORE)",
+				InFlight: &inFlightJSON{Limit: 2, TTLMS: 1000}},
+		}
+		for name, w := range want {
+			w.Name, w.Key, w.Algorithm = name, prefix+"{"+name+"}", "inflight"
+			if l := got[name]; !reflect.DeepEqual(l, w) {
+				t.Errorf("%s: %+v, want %+v", name, l, w)
+			}
+		}
+		if len(got) != len(want) {
+			t.Errorf("ls: %+v", got)
+		}
+		if out := s.must(t, prefix, "ls", "zero"); out != "zero                      inflight        corrupt: fields limit = 0, ttl = 1000: invalid config: limit 0 is outside 1..100000; 0 held\n" {
+			t.Errorf("ls zero: %q", out)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -29,11 +30,16 @@ reads with SCAN (on every primary of a Cluster), so Redis keeps serving
 however many keys it holds; the order is SCAN's. With --json, one JSON object
 per line.
 
+An in-flight limit's line gives its stored limit and TTL (or none stored),
+and how many holds are live now ("10 in flight, TTL 30s; 3 held"): one
+script call each (InFlight.Holders), which writes nothing.
+
 A limiter appears here while it has a key: its own (prefix{name}: a hash
 with a stored config or state, or a string with a flat state or a marker),
 or, running on a default, its state's (a token bucket's :value string, a
-PerClient limiter's :clients registry). One running on a default with no
-usage now has no key at all: there is nothing to list.
+PerClient limiter's :clients registry, an in-flight limit's :holders). One
+running on a default with no usage now has no key at all: there is nothing
+to list.
 
 	redlimit ls --redis redis://localhost:6379 --prefix svc: 'user:*'
 `, true, stdout, stderr)
@@ -96,7 +102,13 @@ type lsLine struct {
 	Name      string      `json:"name"`
 	Key       string      `json:"key"`
 	Algorithm string      `json:"algorithm"`
-	Config    *configJSON `json:"config"` // null: none stored
+	Config    *configJSON `json:"config"` // null: none stored, or an in-flight limit
+	// InFlight is an in-flight limit's stored config; absent when none is
+	// stored, and for a rate limiter.
+	InFlight *inFlightJSON `json:"inflight,omitempty"`
+	// Held is how many holds an in-flight limit has live; absent for a
+	// rate limiter.
+	Held *int `json:"held,omitempty"`
 	// Corrupt says why a stored config could not be read; the limiter's
 	// calls fail with ErrCorruptState.
 	Corrupt string `json:"corrupt,omitempty"`
@@ -105,16 +117,24 @@ type lsLine struct {
 // The keys ls reads: a limiter's own key (prefix{name}: its hash, or a
 // string: a flat state or a marker), and, for a limiter running on a
 // default that has no key of its own (state from before markers, or
-// written by Redisson), the first state key of a token bucket (:value) and
-// a PerClient limiter's registry (:clients). One key each, so that a
-// limiter is listed once without remembering which were.
+// written by Redisson), the first state key of a token bucket (:value), a
+// PerClient limiter's registry (:clients) and an in-flight limit's holds
+// (:holders). One key each, so that a limiter is listed once without
+// remembering which were.
 type keyKind int
 
 const (
 	ownKey keyKind = 1 << iota
 	valueKey
 	clientsKey
+	holdersKey
 )
+
+// stateKeys are the kinds of key found by their suffix, and the suffix.
+var stateKeys = []struct {
+	kind   keyKind
+	suffix string
+}{{valueKey, "value"}, {clientsKey, "clients"}, {holdersKey, "holders"}}
 
 // lsPass is one SCAN over the keyspace: a MATCH and the kinds of key it is
 // for. Without a PATTERN, prefix* (or *) covers every kind in one pass; a
@@ -127,9 +147,13 @@ type lsPass struct {
 func lsPasses(prefix, pattern string) []lsPass {
 	own := matchPattern(prefix, pattern)
 	if pattern == "" {
-		return []lsPass{{own, ownKey | valueKey | clientsKey}}
+		return []lsPass{{own, ownKey | valueKey | clientsKey | holdersKey}}
 	}
-	return []lsPass{{own, ownKey}, {keyOf(own, "value"), valueKey}, {keyOf(own, "clients"), clientsKey}}
+	passes := []lsPass{{own, ownKey}}
+	for _, k := range stateKeys {
+		passes = append(passes, lsPass{keyOf(own, k.suffix), k.kind})
+	}
+	return passes
 }
 
 // scan walks one node's keyspace, a SCAN call at a time, and prints the
@@ -180,7 +204,7 @@ func (a *admin) describe(ctx context.Context, keys []string, kinds keyKind, out 
 		switch c.kind {
 		case ownKey:
 			c.typ = pipe.Type(ctx, key)
-		case valueKey:
+		case valueKey, holdersKey:
 			c.exists = pipe.Exists(ctx, c.full)
 		case clientsKey:
 			c.exists = pipe.Exists(ctx, c.full)
@@ -212,14 +236,23 @@ func (a *admin) describe(ctx context.Context, keys []string, kinds keyKind, out 
 			return err
 		}
 	}
-	out.mu.Lock()
-	defer out.mu.Unlock()
-	for _, c := range batch {
+	lines := make([]lsLine, len(batch))
+	for i, c := range batch {
 		line, err := c.line()
 		if err != nil {
 			return err
 		}
-		switch {
+		if line.Algorithm == inFlightAlgorithm {
+			if err := a.countHolds(ctx, &line); err != nil {
+				return err
+			}
+		}
+		lines[i] = line
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	for i, line := range lines {
+		switch c := batch[i]; {
 		case line.Algorithm != "":
 			out.print(line)
 		case c.kind == clientsKey && c.exists.Val() == 0:
@@ -227,6 +260,26 @@ func (a *admin) describe(ctx context.Context, keys []string, kinds keyKind, out 
 		}
 	}
 	return out.w.Flush()
+}
+
+// countHolds sets an in-flight limit's Held, as the library counts its live
+// holds. Holds it cannot read (a :holders key that is no sorted set) make
+// the line corrupt, as a config it cannot read does.
+func (a *admin) countHolds(ctx context.Context, line *lsLine) error {
+	holders, err := a.client.InFlight(line.Name).Holders(ctx)
+	switch {
+	case errors.Is(err, redlimit.ErrCorruptState):
+		line.Corrupt = strings.TrimPrefix(err.Error(), "redlimit: ")
+		return nil
+	case errors.Is(err, redlimit.ErrInvalidName):
+		line.Algorithm = "" // keys no handle could have written: no limiter
+		return nil
+	case err != nil:
+		return err
+	}
+	held := len(holders)
+	line.Held = &held
+	return nil
 }
 
 // candidate returns what to read of key, a key of one of kinds, or nil
@@ -237,10 +290,7 @@ func (a *admin) candidate(key string, kinds keyKind) *candidate {
 			return &candidate{name: name, full: key, key: key, kind: ownKey}
 		}
 	}
-	for _, k := range []struct {
-		kind   keyKind
-		suffix string
-	}{{valueKey, "value"}, {clientsKey, "clients"}} {
+	for _, k := range stateKeys {
 		if kinds&k.kind == 0 {
 			continue
 		}
@@ -284,7 +334,15 @@ func (c *candidate) line() (lsLine, error) {
 		}
 		alg, stored := classify(f)
 		line.Algorithm = alg
-		if alg != "" && stored {
+		switch {
+		case alg == inFlightAlgorithm:
+			cfg, err := storedInFlight(f, c.name)
+			if err != nil {
+				line.Corrupt = err.Error()
+			} else {
+				line.InFlight = cfg
+			}
+		case alg != "" && stored:
 			cfg, err := storedConfig(f)
 			if err != nil {
 				line.Corrupt = err.Error()
@@ -294,6 +352,8 @@ func (c *candidate) line() (lsLine, error) {
 		}
 	case c.kind == valueKey && c.exists.Val() == 0:
 		line.Algorithm = "tokenbucket" // Overall, on a default
+	case c.kind == holdersKey && c.exists.Val() == 0:
+		line.Algorithm = inFlightAlgorithm // on a default
 	case c.state != nil:
 		for i, n := range c.state {
 			if n.Val() > 0 {
@@ -317,6 +377,11 @@ func (o *lsOutput) print(l lsLine) {
 		about = "corrupt: " + l.Corrupt
 	case l.Config != nil:
 		about = fromJSON(l.Config).String()
+	case l.InFlight != nil:
+		about = l.InFlight.String()
+	}
+	if l.Held != nil {
+		about += fmt.Sprintf("; %d held", *l.Held)
 	}
 	// Fixed widths, not a tabwriter: that would hold every line until the end.
 	fmt.Fprintf(o.w, "%-24s  %-14s  %s\n", l.Name, l.Algorithm, about)
@@ -342,7 +407,7 @@ func storedConfig(f []any) (redlimit.Config, error) {
 	}
 	cfg := redlimit.Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: redlimit.RateType(n[2]),
 		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond}
-	more, _ := f[len(f)-1].(string)
+	more, _ := f[fieldMore].(string)
 	// Four integers a rate: rate, interval in ms, burst, buckets.
 	fields := strings.Fields(more)
 	if len(fields)%4 != 0 {
@@ -392,7 +457,7 @@ func fullName(prefix, name string) string {
 
 // suffixes are the words a limiter's other keys add after its name
 // ("Keys in Redis" in the README).
-var suffixes = []string{"value", "permits", "grants", "clients", "requests", "tat", "window", "buckets"}
+var suffixes = []string{"value", "permits", "grants", "clients", "requests", "tat", "window", "buckets", "holders"}
 
 // isSuffixKey reports whether key is name:suffix for a name with a hash tag:
 // after the tag, a ':' and one of the suffix words, alone or before a ':'.

@@ -2,7 +2,7 @@
 // sharing one limit through Redis (demo), redis-cell's CL.THROTTLE without the
 // module (throttle), and the four algorithms side by side (compare). Its
 // admin commands (ls, get, set, reset, delete, expire) inspect and change the
-// limiters in a real Redis.
+// limiters in a real Redis: rate limiters, and in-flight limits (InFlight).
 //
 // The demonstrations run on an embedded Redis (miniredis) unless --redis,
 // --cluster or --sentinel names a real one, so they need nothing but Go:
@@ -45,11 +45,16 @@ Usage:
 Admin commands, against a real Redis (--redis, --cluster or --sentinel):
 
 	redlimit ls [flags] [PATTERN]        the limiters, one line each
-	redlimit get [flags] NAME            a limiter's config, usage and TTL
+	redlimit get [flags] NAME            a limiter's config, usage and TTL;
+	                                     an in-flight limit's holders
 	redlimit set NAME --rate N --per D   store a rate (SetRate; --and adds more)
+	redlimit set NAME --limit N --ttl D  store an in-flight limit (SetLimit)
 	redlimit reset NAME                  forget usage, keep the config
 	redlimit delete NAME [--yes]         remove every key of the limiter
 	redlimit expire NAME DURATION        have the limiter's keys expire
+
+reset and expire are for rate limiters: an in-flight limit's holds end when
+released or when their TTL passes.
 
 Without --redis, --cluster or --sentinel, demo, throttle and compare run on an
 embedded Redis (miniredis). Run "redlimit COMMAND -h" for a command's flags.

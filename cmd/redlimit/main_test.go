@@ -38,6 +38,7 @@ func TestCommandLine(t *testing.T) {
 	}{
 		{nil, exitUsage, "Usage:"},
 		{[]string{"-h"}, exitOK, "redlimit demo"},
+		{[]string{"-h"}, exitOK, "redlimit set NAME --limit N --ttl D  store an in-flight limit (SetLimit)"},
 		{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 		{[]string{"demo", "-h"}, exitOK, "-instances"},
 		{[]string{"demo", "-instances", "0"}, exitUsage, "-instances 0: want 1 to 64"},
@@ -359,9 +360,13 @@ func TestErrorsAreShort(t *testing.T) {
 	}{
 		{[]string{"demo", "-instances", "0"}, "redlimit demo: -instances 0: want 1 to 64\n"},
 		{[]string{"set", "--redis", m.Addr(), "api", "--rate", "1", "--per", "1s", "--algorithm", "leaky"},
-			"redlimit set: unknown algorithm \"leaky\": want one of fixed_window, sliding_window, tokenbucket, funnel\n"},
+			"redlimit set: unknown algorithm \"leaky\": want one of fixed_window, sliding_window, tokenbucket, funnel, inflight\n"},
 		{[]string{"set", "--redis", m.Addr(), "api", "--rate", "1"},
-			"redlimit set: --per is required with --rate\nUsage: redlimit set NAME --rate N --per DURATION [flags]\nRun 'redlimit set -h' for its flags.\n"},
+			"redlimit set: --per is required with --rate\nUsage: redlimit set NAME (--rate N --per DURATION | --limit N --ttl DURATION) [flags]\nRun 'redlimit set -h' for its flags.\n"},
+		{[]string{"set", "--redis", m.Addr(), "jobs", "--limit", "1", "--ttl", "1s", "--rate", "1"},
+			"redlimit set: --limit is an in-flight limit's, --rate a rate limiter's: give one or the other\nUsage: redlimit set NAME (--rate N --per DURATION | --limit N --ttl DURATION) [flags]\nRun 'redlimit set -h' for its flags.\n"},
+		{[]string{"set", "--redis", m.Addr(), "jobs", "--limit", "0", "--ttl", "1s"},
+			"redlimit set: invalid config: limit 0 is outside 1..100000\n"},
 		{[]string{"demo", "-nosuchflag"},
 			"flag provided but not defined: -nosuchflag\nUsage: redlimit demo [flags]\nRun 'redlimit demo -h' for its flags.\n"},
 		{[]string{"ls", "--redis", m.Addr(), "a", "b"},
