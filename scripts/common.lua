@@ -86,7 +86,9 @@
 --             and expire when the state's expiry must move
 --   write     writes the state as fields (HSET, or HDEL when nothing is
 --             left); where expire is set, every field. The skeleton writes
---             a flat state and sets the expiry, once
+--             a flat state and sets the expiry, once. It runs (with encode)
+--             after a commit or release, or when a step set rewrite: a
+--             state read wrong, to be written though nothing was counted
 --   decode    sets s1 and s2 from flat, a rate's part of a flat state (IN_CONFIG)
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
@@ -312,9 +314,10 @@ local function decide(KEYS, ARGV)
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[@load]]
     local limit = --[[@capacity]]
     if decide then
@@ -389,9 +392,9 @@ local function decide(KEYS, ARGV)
       wrote = true
       --[[@release]]
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[@encode]]
       if not flat_write then
         --[[@write]]

@@ -6,7 +6,8 @@
 -- count as uint32 LE (so a rate is below 2^32: config.go). A record at score
 -- s is out of the window once s <= now − interval. grants, the log of a
 -- config's further rates (see more_load). Sections: see common.lua; the
--- state is in load's locals, and report writes it, once.
+-- state is in load's locals; commit writes a grant's record, write the
+-- rest, once.
 --
 -- The bound: grants that fall in one slice of the interval (interval / 64
 -- rounded up, at least 1 ms; slices aligned to the epoch) share one record,
@@ -22,6 +23,13 @@
 -- the newest record up to its slice, unless another grant came between: it
 -- then counts twice, which only denies sooner; WithRetryWindow's request log
 -- (common.lua's first_run) makes it exact.
+--
+-- Cost: each command a call runs costs about a microsecond of Redis's time.
+-- The value is read once and the log once (its records out of the window,
+-- or all of it when the value is missing: a new limiter's first grant reads
+-- an empty log once, and looks up no slice); a denial reads the newest
+-- record once, for both resent and report, and a release knows it from the
+-- records it read.
 
 --[[@helpers]]
 -- Each function created costs a call about as much as a small Redis
@@ -71,9 +79,27 @@ end
 
 -- sent says whether the grant of request id is the newest record up to
 -- now's slice: a re-sent script, whose first run was granted (see the top).
-local function sent(log, now, interval, id)
-  local member = slice(log, now, interval)
+-- newest, the log's newest record and its score when read already, is that
+-- record unless it is stamped past the slice (by a clock ahead).
+local function sent(log, now, interval, id, newest)
+  local member
+  local q = (interval + 63 - (interval + 63) % 64) / 64
+  if newest and (not newest[2] or newest[2] + 0 < now - now % q + q) then
+    member = newest[1]
+  else
+    member = slice(log, now, interval)
+  end
   return member ~= nil and string.sub(member, 2, 17) == id
+end
+
+-- time_to_full is the µs from now until the newest record of log ages out
+-- and the bucket is full again, 0 for none: newest, the record and its
+-- score as ZRANGE … WITHSCORES gives them, when read already.
+local function time_to_full(log, interval, now, newest)
+  local score = (newest or redis.call('ZRANGE', log, -1, -1, 'WITHSCORES'))[2]
+  local left = score and (score + interval) * 1000 - now or 0
+  if left < 0 then left = 0 end
+  return left
 end
 
 -- ttl is a state key's TTL for reset µs, in whole ms rounded up. Given the
@@ -110,6 +136,17 @@ local function running(grants, member, tag)
   return tonumber(total), tonumber(permits) -- not + 0: gopher-lua (miniredis) reads 010 as octal
 end
 
+-- granted holds what each grant of this call of the script left in its log,
+-- by the log's key: { now (ms), interval, the value, its record, the
+-- record's score, the keys' TTL (ms) }. A batch's requests share the call
+-- (batch.lua), and one on a log that a grant of the same time and interval
+-- wrote before it, with no request on the log between, finds the state as
+-- that grant left it: no record out of the window, the value cached, its
+-- slice's record, and both keys expiring when this grant's would (the
+-- same ms, on the same server clock). A grant on a hot key then runs 4
+-- commands fewer.
+local granted = {}
+
 --[[@fields]]
 
 --[[@capacity]]
@@ -120,39 +157,65 @@ rate
 --[[@load]]
 -- The permits available: rate − Σ(log in the window). The value key caches
 -- rate − Σ(log), as Redisson keeps it: the records that left the window
--- (aged, when there are any) give theirs back here, and go when the state
--- is written. When the cache is missing or impossible the log is summed
--- again, so losing it never resets the limiter. changed: the cache is
--- wrong; dirty: the state is written, once, by report; granted: the time
--- until a grant's record ages out.
+-- (aged: how many) give theirs back here, and go when the state is written.
+-- When the cache is missing or impossible the log is summed again, so
+-- losing it never resets the limiter; when it is missing the whole log is
+-- read at once (a new limiter's first grant reads an empty log once). What
+-- a grant of this call left (granted) is not read again.
+-- changed: the cache is wrong; empty: the log is empty; newest: the log's
+-- newest record and its score, once read; full_after: µs until the bucket is
+-- full again, once known; seen: granted's entry for the log, taken (a grant
+-- puts one back); mine, mine_at: the grant's record and score, when it is
+-- its slice's only one.
 local value_key, log = KEYS[2 + kind * (REQUESTS - 1)], KEYS[3 + kind * (REQUESTS - 1)]
 local cutoff = string.format('%d', NOW_MS - interval)
-local old = redis.pcall('ZRANGEBYSCORE', log, '-inf', cutoff)
-if old.err then
-  error('REDLIMIT corrupt ' .. log .. ': ' .. old.err, 0)
+local aged, available, changed, empty, newest, full_after = 0, 0, false, false, nil, nil
+local seen, mine, mine_at = granted[log], nil, nil
+granted[log] = nil
+if seen and (seen[1] ~= NOW_MS or seen[2] ~= interval) then
+  seen = nil
 end
-local got = redis.pcall('GET', value_key)
-local cached = got and tonumber(got) -- nil for an error, or what is not a number
-if got and not (cached and cached % 1 == 0 and cached >= -MAX and cached <= MAX) then
-  error('REDLIMIT corrupt ' .. value_key .. ': ' .. (got.err or 'field value = ' .. string.format('%q', got)), 0)
-end
-local aged, available, changed, dirty, granted = #old > 0, 0, false, false, nil
-if aged then
-  available = sum(log, old, 1)
-end
-if not cached or cached + available > rate then
-  available, changed = rate - sum(log, redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf'), 1), true
+if seen then
+  available = seen[3]
+  if available > rate then -- a handle of a lower rate
+    available, changed = rate - sum(log, redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf'), 1), true
+  end
 else
-  available = cached + available
+  local got = redis.pcall('GET', value_key)
+  local cached = got and tonumber(got) -- nil for an error, or what is not a number
+  if got and not (cached and cached % 1 == 0 and cached >= -MAX and cached <= MAX) then
+    error('REDLIMIT corrupt ' .. value_key .. ': ' .. (got.err or 'field value = ' .. string.format('%q', got)), 0)
+  end
+  local records
+  if cached then
+    records = redis.pcall('ZRANGEBYSCORE', log, '-inf', cutoff)
+  else
+    records = redis.pcall('ZRANGEBYSCORE', log, '-inf', '+inf', 'WITHSCORES')
+  end
+  if records.err then
+    error('REDLIMIT corrupt ' .. log .. ': ' .. records.err, 0)
+  end
+  if cached then
+    aged, available = #records, cached + sum(log, records, 1)
+    if available > rate then
+      available, changed = rate - sum(log, redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf'), 1), true
+    end
+  else
+    local used, out = 0, NOW_MS - interval
+    for i = 1, #records, 2 do
+      local n = count(log, records[i])
+      if records[i + 1] + 0 <= out then aged = aged + 1 else used = used + n end
+    end
+    available, changed, empty = rate - used, true, #records == 0
+  end
 end
 
 --[[@wait]]
 -- Enough of the oldest records in the window must age out: of one permit or
 -- more each, so need records at most. When the whole window frees too few,
 -- the cached value was too low (a value key without its log): the log is
--- the truth, and the value is rebuilt from it. A denial still writes a
--- cache it found wrong, as a Redisson client sharing the limiter reads the
--- value key alone.
+-- the truth, and the value is rebuilt from it. A denial reads the newest
+-- record, once, for resent and report.
 if permits > available then
   local need = permits - available
   local records = redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
@@ -168,15 +231,29 @@ if permits > available then
   elseif need > 0 then
     wait = interval * 1000 -- records of several permits each: a full interval frees them all
   end
+  if wait > 0 then
+    newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+  end
 end
-dirty = changed and permits > 0
+-- A decision that is no grant still writes a cache it found wrong, as a
+-- Redisson client sharing the limiter reads the value key alone.
+if changed and permits > 0 then
+  rewrite = true
+end
 
 --[[@commit]]
 -- The grant joins its slice's record (see the top), which takes its time
 -- and id: a record whose id is this request's is its own first run's. Its
 -- member is written before the old one goes, with NX: a member there
--- already is this request's too (alone in an older record).
-local member, score, start = slice(log, NOW_MS, interval)
+-- already is this request's too (alone in an older record). A re-sent
+-- script, not counted, still writes a state it found wrong or aged.
+local member, score, start
+if seen then
+  local q = (interval + 63 - (interval + 63) % 64) / 64
+  member, score, start = seen[4], seen[5], NOW_MS - NOW_MS % q
+elseif not empty then
+  member, score, start = slice(log, NOW_MS, interval)
+end
 if member and string.sub(member, 2, 17) == ARGV[ID] then
   counted = false
 else
@@ -190,30 +267,37 @@ else
       at = score -- a grant stamped later, by a client whose clock is ahead
     end
   end
-  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), record(n, '\16' .. ARGV[ID])) == 1
+  local grant = record(n, '\16' .. ARGV[ID])
+  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), grant) == 1
   if counted then
     if merge then
       redis.call('ZREM', log, member)
     end
-    available, changed, granted = available - permits, true, (at + interval) * 1000 - NOW_US
+    available, changed, full_after = available - permits, true, (at + interval) * 1000 - NOW_US
+    if merge or not (member and score >= start) then
+      mine, mine_at = grant, at
+    end
   end
 end
-dirty = changed or aged
+rewrite = not counted and (changed or aged > 0)
 
 --[[@resent]]
-sent(log, NOW_MS, interval, ARGV[ID])
+sent(log, NOW_MS, interval, ARGV[ID], newest)
 
 --[[@release]]
 -- Permits come off the newest records, so that the log and the value stay
 -- in agreement; a record partly given back keeps its time and id. Records
--- are read 64 at a time: a log of ours holds fewer (see the top).
-if aged then
+-- are read 64 at a time: a log of ours holds fewer (see the top). What they
+-- show of the newest record left says when the bucket is full again:
+-- last, its score; ended, the log's last records were read.
+if aged > 0 then
   redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-  aged = false
+  aged = 0
 end
-local left = permits
+local left, last, ended = permits, nil, false
 while left > 0 do
   local records = redis.call('ZREVRANGE', log, 0, 63, 'WITHSCORES')
+  ended = #records < 128
   if #records == 0 then
     break
   end
@@ -224,38 +308,56 @@ while left > 0 do
     gone[#gone + 1] = member
     if n > left then
       redis.call('ZADD', log, records[i + 1], record(n - left, string.sub(member, 1, #member - 4)))
-      n = left
+      n, last = left, records[i + 1]
     end
     left = left - n
     if left == 0 then
+      last = last or records[i + 3]
       break
     end
   end
   redis.call('ZREM', log, unpack(gone))
 end
-available, back, dirty = available + permits - left, permits - left, true
+if last then
+  full_after = (last + interval) * 1000 - NOW_US
+elseif ended then
+  full_after = 0
+end
+available, back = available + permits - left, permits - left
 
 --[[@encode]]
 -- Never flat: Redisson's layout is a hash.
 
 --[[@write]]
--- Nothing: report writes Redisson's keys, once.
+-- What a grant, a release or a decision that found the cache wrong left:
+-- the records out of the window go, and the value is cached, both keys
+-- expiring when the newest record ages out; after a grant of this call at
+-- the same time (seen), the log's expiry stands. A grant's is kept in
+-- granted.
+if aged > 0 then
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+end
+full_after = full_after or time_to_full(log, interval, NOW_US, newest)
+if seen and counted then
+  redis.call('SET', value_key, string.format('%d', available), 'PX', seen[6])
+else
+  local ms = full_after > 0 and ttl(full_after, stored and keepalive == 0 and KEYS[1])
+  store(value_key, log, available, ms)
+  seen = counted and { NOW_MS, interval, available, nil, nil, ms }
+end
+if mine then
+  seen[3], seen[4], seen[5] = available, mine, mine_at
+  granted[log] = seen
+end
+
+--[[@more_encode]]
+-- Nothing: a further rate's commit and release write its grants log.
+
+--[[@more_write]]
 
 --[[@report]]
--- The bucket is full again when its newest record ages out. The state any
--- step left is written here, with both keys expiring then.
-remaining, reset = available, granted
-if not granted then
-  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
-  reset = newest and (newest + interval) * 1000 - NOW_US or 0
-  if reset < 0 then reset = 0 end
-end
-if dirty then
-  if aged then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-  end
-  store(value_key, log, available, reset > 0 and ttl(reset, stored and keepalive == 0 and KEYS[1]))
-end
+-- The bucket is full again when its newest record ages out.
+remaining, reset = available, full_after or time_to_full(log, interval, NOW_US, newest)
 
 --[[@more_load]]
 -- A further rate cannot share Redisson's log: a Java client prunes it to the

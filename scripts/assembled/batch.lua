@@ -90,7 +90,9 @@ local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by i
 --             and expire when the state's expiry must move
 --   write     writes the state as fields (HSET, or HDEL when nothing is
 --             left); where expire is set, every field. The skeleton writes
---             a flat state and sets the expiry, once
+--             a flat state and sets the expiry, once. It runs (with encode)
+--             after a commit or release, or when a step set rewrite: a
+--             state read wrong, to be written though nothing was counted
 --   decode    sets s1 and s2 from flat, a rate's part of a flat state (IN_CONFIG)
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
@@ -190,9 +192,27 @@ end
 
 -- sent says whether the grant of request id is the newest record up to
 -- now's slice: a re-sent script, whose first run was granted (see the top).
-local function sent(log, now, interval, id)
-  local member = slice(log, now, interval)
+-- newest, the log's newest record and its score when read already, is that
+-- record unless it is stamped past the slice (by a clock ahead).
+local function sent(log, now, interval, id, newest)
+  local member
+  local q = (interval + 63 - (interval + 63) % 64) / 64
+  if newest and (not newest[2] or newest[2] + 0 < now - now % q + q) then
+    member = newest[1]
+  else
+    member = slice(log, now, interval)
+  end
   return member ~= nil and string.sub(member, 2, 17) == id
+end
+
+-- time_to_full is the µs from now until the newest record of log ages out
+-- and the bucket is full again, 0 for none: newest, the record and its
+-- score as ZRANGE … WITHSCORES gives them, when read already.
+local function time_to_full(log, interval, now, newest)
+  local score = (newest or redis.call('ZRANGE', log, -1, -1, 'WITHSCORES'))[2]
+  local left = score and (score + interval) * 1000 - now or 0
+  if left < 0 then left = 0 end
+  return left
 end
 
 -- ttl is a state key's TTL for reset µs, in whole ms rounded up. Given the
@@ -228,6 +248,17 @@ local function running(grants, member, tag)
   end
   return tonumber(total), tonumber(permits) -- not + 0: gopher-lua (miniredis) reads 010 as octal
 end
+
+-- granted holds what each grant of this call of the script left in its log,
+-- by the log's key: { now (ms), interval, the value, its record, the
+-- record's score, the keys' TTL (ms) }. A batch's requests share the call
+-- (batch.lua), and one on a log that a grant of the same time and interval
+-- wrote before it, with no request on the log between, finds the state as
+-- that grant left it: no record out of the window, the value cached, its
+-- slice's record, and both keys expiring when this grant's would (the
+-- same ms, on the same server clock). A grant on a hot key then runs 4
+-- commands fewer.
+local granted = {}
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -404,35 +435,63 @@ local function decide(KEYS, ARGV)
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[ load ]] -- The permits available: rate − Σ(log in the window). The value key caches
 -- rate − Σ(log), as Redisson keeps it: the records that left the window
--- (aged, when there are any) give theirs back here, and go when the state
--- is written. When the cache is missing or impossible the log is summed
--- again, so losing it never resets the limiter. changed: the cache is
--- wrong; dirty: the state is written, once, by report; granted: the time
--- until a grant's record ages out.
+-- (aged: how many) give theirs back here, and go when the state is written.
+-- When the cache is missing or impossible the log is summed again, so
+-- losing it never resets the limiter; when it is missing the whole log is
+-- read at once (a new limiter's first grant reads an empty log once). What
+-- a grant of this call left (granted) is not read again.
+-- changed: the cache is wrong; empty: the log is empty; newest: the log's
+-- newest record and its score, once read; full_after: µs until the bucket is
+-- full again, once known; seen: granted's entry for the log, taken (a grant
+-- puts one back); mine, mine_at: the grant's record and score, when it is
+-- its slice's only one.
 local value_key, log = KEYS[2 + kind * (REQUESTS - 1)], KEYS[3 + kind * (REQUESTS - 1)]
 local cutoff = string.format('%d', NOW_MS - interval)
-local old = redis.pcall('ZRANGEBYSCORE', log, '-inf', cutoff)
-if old.err then
-  error('REDLIMIT corrupt ' .. log .. ': ' .. old.err, 0)
+local aged, available, changed, empty, newest, full_after = 0, 0, false, false, nil, nil
+local seen, mine, mine_at = granted[log], nil, nil
+granted[log] = nil
+if seen and (seen[1] ~= NOW_MS or seen[2] ~= interval) then
+  seen = nil
 end
-local got = redis.pcall('GET', value_key)
-local cached = got and tonumber(got) -- nil for an error, or what is not a number
-if got and not (cached and cached % 1 == 0 and cached >= -MAX and cached <= MAX) then
-  error('REDLIMIT corrupt ' .. value_key .. ': ' .. (got.err or 'field value = ' .. string.format('%q', got)), 0)
-end
-local aged, available, changed, dirty, granted = #old > 0, 0, false, false, nil
-if aged then
-  available = sum(log, old, 1)
-end
-if not cached or cached + available > rate then
-  available, changed = rate - sum(log, redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf'), 1), true
+if seen then
+  available = seen[3]
+  if available > rate then -- a handle of a lower rate
+    available, changed = rate - sum(log, redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf'), 1), true
+  end
 else
-  available = cached + available
+  local got = redis.pcall('GET', value_key)
+  local cached = got and tonumber(got) -- nil for an error, or what is not a number
+  if got and not (cached and cached % 1 == 0 and cached >= -MAX and cached <= MAX) then
+    error('REDLIMIT corrupt ' .. value_key .. ': ' .. (got.err or 'field value = ' .. string.format('%q', got)), 0)
+  end
+  local records
+  if cached then
+    records = redis.pcall('ZRANGEBYSCORE', log, '-inf', cutoff)
+  else
+    records = redis.pcall('ZRANGEBYSCORE', log, '-inf', '+inf', 'WITHSCORES')
+  end
+  if records.err then
+    error('REDLIMIT corrupt ' .. log .. ': ' .. records.err, 0)
+  end
+  if cached then
+    aged, available = #records, cached + sum(log, records, 1)
+    if available > rate then
+      available, changed = rate - sum(log, redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf'), 1), true
+    end
+  else
+    local used, out = 0, NOW_MS - interval
+    for i = 1, #records, 2 do
+      local n = count(log, records[i])
+      if records[i + 1] + 0 <= out then aged = aged + 1 else used = used + n end
+    end
+    available, changed, empty = rate - used, true, #records == 0
+  end
 end
     local limit = --[[ capacity ]] rate
     if decide then
@@ -442,9 +501,8 @@ end
         --[[ wait ]] -- Enough of the oldest records in the window must age out: of one permit or
 -- more each, so need records at most. When the whole window frees too few,
 -- the cached value was too low (a value key without its log): the log is
--- the truth, and the value is rebuilt from it. A denial still writes a
--- cache it found wrong, as a Redisson client sharing the limiter reads the
--- value key alone.
+-- the truth, and the value is rebuilt from it. A denial reads the newest
+-- record, once, for resent and report.
 if permits > available then
   local need = permits - available
   local records = redis.call('ZRANGEBYSCORE', log, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, need)
@@ -460,8 +518,15 @@ if permits > available then
   elseif need > 0 then
     wait = interval * 1000 -- records of several permits each: a full interval frees them all
   end
+  if wait > 0 then
+    newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+  end
 end
-dirty = changed and permits > 0
+-- A decision that is no grant still writes a cache it found wrong, as a
+-- Redisson client sharing the limiter reads the value key alone.
+if changed and permits > 0 then
+  rewrite = true
+end
       end
     end
     -- The further rates are read before anything is written: each one's
@@ -564,8 +629,15 @@ end
           --[[ commit ]] -- The grant joins its slice's record (see the top), which takes its time
 -- and id: a record whose id is this request's is its own first run's. Its
 -- member is written before the old one goes, with NX: a member there
--- already is this request's too (alone in an older record).
-local member, score, start = slice(log, NOW_MS, interval)
+-- already is this request's too (alone in an older record). A re-sent
+-- script, not counted, still writes a state it found wrong or aged.
+local member, score, start
+if seen then
+  local q = (interval + 63 - (interval + 63) % 64) / 64
+  member, score, start = seen[4], seen[5], NOW_MS - NOW_MS % q
+elseif not empty then
+  member, score, start = slice(log, NOW_MS, interval)
+end
 if member and string.sub(member, 2, 17) == ARGV[ID] then
   counted = false
 else
@@ -579,18 +651,22 @@ else
       at = score -- a grant stamped later, by a client whose clock is ahead
     end
   end
-  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), record(n, '\16' .. ARGV[ID])) == 1
+  local grant = record(n, '\16' .. ARGV[ID])
+  counted = redis.call('ZADD', log, 'NX', string.format('%d', at), grant) == 1
   if counted then
     if merge then
       redis.call('ZREM', log, member)
     end
-    available, changed, granted = available - permits, true, (at + interval) * 1000 - NOW_US
+    available, changed, full_after = available - permits, true, (at + interval) * 1000 - NOW_US
+    if merge or not (member and score >= start) then
+      mine, mine_at = grant, at
+    end
   end
 end
-dirty = changed or aged
+rewrite = not counted and (changed or aged > 0)
           wrote = counted
         end
-      elseif permits > 0 and (--[[ resent ]] sent(log, NOW_MS, interval, ARGV[ID]) or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[ID])) then
+      elseif permits > 0 and (--[[ resent ]] sent(log, NOW_MS, interval, ARGV[ID], newest) or LOG and redis.call('ZSCORE', KEYS[REQUESTS], ARGV[ID])) then
         allowed = 1 -- a re-sent script whose first run was granted
       else
         retry = wait
@@ -599,14 +675,17 @@ dirty = changed or aged
       wrote = true
       --[[ release ]] -- Permits come off the newest records, so that the log and the value stay
 -- in agreement; a record partly given back keeps its time and id. Records
--- are read 64 at a time: a log of ours holds fewer (see the top).
-if aged then
+-- are read 64 at a time: a log of ours holds fewer (see the top). What they
+-- show of the newest record left says when the bucket is full again:
+-- last, its score; ended, the log's last records were read.
+if aged > 0 then
   redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-  aged = false
+  aged = 0
 end
-local left = permits
+local left, last, ended = permits, nil, false
 while left > 0 do
   local records = redis.call('ZREVRANGE', log, 0, 63, 'WITHSCORES')
+  ended = #records < 128
   if #records == 0 then
     break
   end
@@ -617,39 +696,52 @@ while left > 0 do
     gone[#gone + 1] = member
     if n > left then
       redis.call('ZADD', log, records[i + 1], record(n - left, string.sub(member, 1, #member - 4)))
-      n = left
+      n, last = left, records[i + 1]
     end
     left = left - n
     if left == 0 then
+      last = last or records[i + 3]
       break
     end
   end
   redis.call('ZREM', log, unpack(gone))
 end
-available, back, dirty = available + permits - left, permits - left, true
+if last then
+  full_after = (last + interval) * 1000 - NOW_US
+elseif ended then
+  full_after = 0
+end
+available, back = available + permits - left, permits - left
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[ encode ]] -- Never flat: Redisson's layout is a hash.
       if not flat_write then
-        --[[ write ]] -- Nothing: report writes Redisson's keys, once.
+        --[[ write ]] -- What a grant, a release or a decision that found the cache wrong left:
+-- the records out of the window go, and the value is cached, both keys
+-- expiring when the newest record ages out; after a grant of this call at
+-- the same time (seen), the log's expiry stands. A grant's is kept in
+-- granted.
+if aged > 0 then
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+end
+full_after = full_after or time_to_full(log, interval, NOW_US, newest)
+if seen and counted then
+  redis.call('SET', value_key, string.format('%d', available), 'PX', seen[6])
+else
+  local ms = full_after > 0 and ttl(full_after, stored and keepalive == 0 and KEYS[1])
+  store(value_key, log, available, ms)
+  seen = counted and { NOW_MS, interval, available, nil, nil, ms }
+end
+if mine then
+  seen[3], seen[4], seen[5] = available, mine, mine_at
+  granted[log] = seen
+end
       end
     end
-    --[[ report ]] -- The bucket is full again when its newest record ages out. The state any
--- step left is written here, with both keys expiring then.
-remaining, reset = available, granted
-if not granted then
-  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')[2]
-  reset = newest and (newest + interval) * 1000 - NOW_US or 0
-  if reset < 0 then reset = 0 end
-end
-if dirty then
-  if aged then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
-  end
-  store(value_key, log, available, reset > 0 and ttl(reset, stored and keepalive == 0 and KEYS[1]))
-end
+    --[[ report ]] -- The bucket is full again when its newest record ages out.
+remaining, reset = available, full_after or time_to_full(log, interval, NOW_US, newest)
     if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
@@ -752,11 +844,11 @@ end
         end
         if wrote then
           local value, expire = nil, false
-          --[[ more_encode ]] -- Never flat: Redisson's layout is a hash.
+          --[[ more_encode ]] -- Nothing: a further rate's commit and release write its grants log.
           if flat_write then
             parts, moved, kept = (parts or '') .. ';' .. (value or ''), moved or expire, kept or value
           else
-            --[[ more_write ]] -- Nothing: report writes Redisson's keys, once.
+            --[[ more_write ]] 
           end
         end
         --[[ more_report ]] remaining = rate - used
@@ -1133,9 +1225,10 @@ local function decide(KEYS, ARGV)
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[ load ]] -- The emission interval is pe + pr / rate µs, and the tolerance, burst of
 -- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
 -- clamped to now at the earliest, and to a full funnel at the latest (the
@@ -1306,9 +1399,9 @@ local w, f = times(back, pe, pr, rate)
 tat, tatf = tat - w, tatf - f
 if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[ encode ]] -- An empty funnel has no state; every other moves its expiry.
 value = nil
 if tatf > 0 then
@@ -1766,9 +1859,10 @@ s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[ load ]] -- Windows never go back: a request whose clock is behind the stored window's
 -- (clocks that disagree under WithClock, or a request that reached Redis
 -- late) counts in the stored window rather than resetting it. The start is
@@ -1885,9 +1979,9 @@ end
       --[[ release ]] back = math.min(permits, count)
 count = count - back
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[ encode ]] -- A new window's first step moves the state's expiry; the others keep it.
 -- Only a flat state needs the string: write uses start and count.
 value = count > 0 and flat_write and string.format('%d %d', start, count) or nil
@@ -2293,9 +2387,10 @@ local function decide(KEYS, ARGV)
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[ load ]] -- live: the sub-windows that still count, as index, count, start triples,
 -- oldest first; total: their sum; current: this sub-window's index. Time
 -- never goes back: a request whose clock is behind the newest sub-window
@@ -2547,9 +2642,9 @@ while #live > 0 and live[#live - 1] == 0 do
 end
 back, expire = permits - left, true
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[ encode ]] -- The sub-windows that still count, as the field keeps them; none, and the
 -- field goes. Numbers below 10^14 concatenate exactly (Redis formats them
 -- with %.14g): starts in ms and their gaps do; a count may not.

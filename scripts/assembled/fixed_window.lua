@@ -92,7 +92,9 @@ local REGISTRY, REQUESTS = 2, 3 -- KEYS': the client registry, the request log
 --             and expire when the state's expiry must move
 --   write     writes the state as fields (HSET, or HDEL when nothing is
 --             left); where expire is set, every field. The skeleton writes
---             a flat state and sets the expiry, once
+--             a flat state and sets the expiry, once. It runs (with encode)
+--             after a commit or release, or when a step set rewrite: a
+--             state read wrong, to be written though nothing was counted
 --   decode    sets s1 and s2 from flat, a rate's part of a flat state (IN_CONFIG)
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
@@ -319,9 +321,10 @@ s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[ load ]] -- Windows never go back: a request whose clock is behind the stored window's
 -- (clocks that disagree under WithClock, or a request that reached Redis
 -- late) counts in the stored window rather than resetting it. The start is
@@ -438,9 +441,9 @@ end
       --[[ release ]] back = math.min(permits, count)
 count = count - back
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[ encode ]] -- A new window's first step moves the state's expiry; the others keep it.
 -- Only a flat state needs the string: write uses start and count.
 value = count > 0 and flat_write and string.format('%d %d', start, count) or nil

@@ -92,7 +92,9 @@ local REGISTRY, REQUESTS = 2, 3 -- KEYS': the client registry, the request log
 --             and expire when the state's expiry must move
 --   write     writes the state as fields (HSET, or HDEL when nothing is
 --             left); where expire is set, every field. The skeleton writes
---             a flat state and sets the expiry, once
+--             a flat state and sets the expiry, once. It runs (with encode)
+--             after a commit or release, or when a step set rewrite: a
+--             state read wrong, to be written though nothing was counted
 --   decode    sets s1 and s2 from flat, a rate's part of a flat state (IN_CONFIG)
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
@@ -366,9 +368,10 @@ local function decide(KEYS, ARGV)
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[ load ]] -- The emission interval is pe + pr / rate µs, and the tolerance, burst of
 -- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
 -- clamped to now at the earliest, and to a full funnel at the latest (the
@@ -539,9 +542,9 @@ local w, f = times(back, pe, pr, rate)
 tat, tatf = tat - w, tatf - f
 if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[ encode ]] -- An empty funnel has no state; every other moves its expiry.
 value = nil
 if tatf > 0 then

@@ -92,7 +92,9 @@ local REGISTRY, REQUESTS = 2, 3 -- KEYS': the client registry, the request log
 --             and expire when the state's expiry must move
 --   write     writes the state as fields (HSET, or HDEL when nothing is
 --             left); where expire is set, every field. The skeleton writes
---             a flat state and sets the expiry, once
+--             a flat state and sets the expiry, once. It runs (with encode)
+--             after a commit or release, or when a step set rewrite: a
+--             state read wrong, to be written though nothing was counted
 --   decode    sets s1 and s2 from flat, a rate's part of a flat state (IN_CONFIG)
 --   resent    whether a re-sent script was granted (RECORDS), else false
 --   report    sets remaining and reset, µs until the limiter is full again
@@ -318,9 +320,10 @@ local function decide(KEYS, ARGV)
     local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
-    -- then writes every field; wrote: a step wrote anything; value: the
-    -- state as encode left it.
-    local expire, wrote, value = false, false, nil
+    -- then writes every field; wrote: a step wrote anything; rewrite: the
+    -- state read must be written though nothing was counted (the token
+    -- bucket's cache, found wrong); value: the state as encode left it.
+    local expire, wrote, rewrite, value = false, false, false, nil
     --[[ load ]] -- live: the sub-windows that still count, as index, count, start triples,
 -- oldest first; total: their sum; current: this sub-window's index. Time
 -- never goes back: a request whose clock is behind the newest sub-window
@@ -572,9 +575,9 @@ while #live > 0 and live[#live - 1] == 0 do
 end
 back, expire = permits - left, true
     end
-    -- What a commit or release left, written as fields; a flat state is
-    -- written below, with its expiry.
-    if wrote then
+    -- What a commit or release left (or a state to rewrite), written as
+    -- fields; a flat state is written below, with its expiry.
+    if wrote or rewrite then
       --[[ encode ]] -- The sub-windows that still count, as the field keeps them; none, and the
 -- field goes. Numbers below 10^14 concatenate exactly (Redis formats them
 -- with %.14g): starts in ms and their gaps do; a count may not.
