@@ -102,7 +102,7 @@ type batchCase struct {
 }
 
 // mixedBatch is a batch of every kind a Client sends: each algorithm, a
-// PerClient limiter, several rates, a peek, a release, a request for more
+// PerClient limiter, several rates, a peek, a release, charges, a request for more
 // than the limit, a key holding another type, an uninitialised limiter, a
 // stored config, Throttle.
 func mixedBatch() []batchCase {
@@ -137,6 +137,13 @@ func mixedBatch() []batchCase {
 			return Result{}, c.TokenBucket(prefix+"b").WithDefault(perSecond(3)).Release(ctx, 1)
 		}},
 		{"bucket after release", allow(bucket, "b", perSecond(3), 2)},
+		{"bucket charge", func(ctx context.Context, c *Client, prefix string) (Result, error) {
+			return c.TokenBucket(prefix+"b").WithDefault(perSecond(3)).Charge(ctx, 4)
+		}},
+		{"bucket in debt", allow(bucket, "b", perSecond(3), 1)},
+		{"sliding charge", func(ctx context.Context, c *Client, prefix string) (Result, error) {
+			return c.SlidingWindow(prefix+"s").WithDefault(perSecond(3)).Charge(ctx, 5)
+		}},
 		{"stored config", func(ctx context.Context, c *Client, prefix string) (Result, error) {
 			return c.SlidingWindow(prefix+"st").Allow(ctx, 2)
 		}},

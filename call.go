@@ -88,7 +88,7 @@ type request struct {
 var (
 	opAllow, opRelease, opGet, opSet, opTrySet    any = "allow", "release", "get", "set", "tryset"
 	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
-	opClients, opShadow                           any = "clients", "shadow"
+	opClients, opShadow, opCharge                 any = "clients", "shadow", "charge"
 
 	noArg any = ""
 )
@@ -135,7 +135,7 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	// A request ID names the token bucket's record, and the request log's
 	// entry; only grants and releases need one.
 	id := noArg
-	counts := req.op == opAllow && req.permits > 0
+	counts := (req.op == opAllow || req.op == opCharge) && req.permits > 0
 	if req.op == opRelease || counts && (l.alg.records || c.retryWindow > 0) {
 		id = newRequestID()
 	}
@@ -148,7 +148,7 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	// goes with the config's and the Overall state's keys only, and without
 	// the log's window and the client id (argLogWindow, argClientID); one
 	// that records no id goes without argID too.
-	decision := req.op == opAllow || req.op == opRelease
+	decision := req.op == opAllow || req.op == opRelease || req.op == opCharge
 	short := decision && c.retryWindow == 0 && !l.perClient.Load()
 	keys := l.keyArgs
 	pooled := argsPool.Get().(*[]any)

@@ -369,3 +369,28 @@ func ExampleLimiter_WithShadow() {
 	// false false limit
 	// false false limit
 }
+
+// Charge takes a cost known only after the work, even past the limit: the
+// debt is waited out by the requests that follow.
+func ExampleLimiter_Charge() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now }))
+	tokens := client.TokenBucket("llm-tokens").WithDefault(redlimit.PerMinute(1000))
+
+	r, _ := tokens.Charge(ctx, 1500) // the call used 1,500 tokens
+	fmt.Println(r.Allowed, r.Remaining)
+	r, _ = tokens.Allow(ctx, 1)
+	fmt.Println(r.Allowed, r.RetryAfter) // until the 1,500 come back
+	now = now.Add(time.Minute)
+	r, _ = tokens.Allow(ctx, 1)
+	fmt.Println(r.Allowed, r.Remaining)
+	// Output:
+	// true 0
+	// false 1m0s
+	// true 999
+}

@@ -36,6 +36,9 @@ type algorithm struct {
 	// keys of its own.
 	inConfig bool
 	records  bool // its grants carry the request ID (the token bucket's log)
+	// charges: a grant past the limit (Charge) is a debt its state holds
+	// exactly, until it has drained as any grant does.
+	charges bool
 	// The Config fields beyond the common ones that it uses.
 	burst, buckets bool
 }
@@ -519,6 +522,37 @@ func (l *Limiter) TryAcquireWithin(ctx context.Context, permits int64, timeout t
 func (l *Limiter) AvailablePermits(ctx context.Context) (int64, error) {
 	r, err := l.Allow(ctx, 0)
 	return r.Remaining, err
+}
+
+// Charge takes permits after the fact, even past the limit: for work whose
+// cost is known only once it is done (an LLM call's tokens). It is counted
+// as a grant of permits is, and what it takes past the limit is a debt:
+// the limiter denies until that has drained, exactly as any grant's permits
+// drain, with RetryAfter saying when and Remaining 0 meanwhile. Release
+// gives back as after any grant. Only the token bucket and the sliding
+// window offer it (ErrUnsupported otherwise): a fixed window would forgive
+// the debt at its window's end, and a funnel holds no more than its burst.
+func (l *Limiter) Charge(ctx context.Context, permits int64) (Result, error) {
+	switch {
+	case l.err != nil:
+		return Result{}, l.err
+	case !l.alg.charges:
+		return Result{}, fmt.Errorf("%w: Charge: a %s cannot hold a debt exactly", ErrUnsupported, l.alg.name)
+	case permits < 0:
+		return Result{}, fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
+	case l.alg.records && permits > maxLogRate:
+		return Result{}, fmt.Errorf("%w: %d: a token bucket's record holds at most %d permits", ErrInvalidPermits, permits, int64(maxLogRate))
+	}
+	start := time.Now()
+	reply, err := l.eval(ctx, request{op: opCharge, permits: permits})
+	var r Result
+	if err == nil {
+		r, err = parseResult(reply, l.dflt)
+	}
+	if c := l.client; c.observe != nil {
+		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.name, Permits: permits, Result: r, Err: err, Latency: time.Since(start)})
+	}
+	return r, err
 }
 
 // Release gives back up to permits granted earlier and not used, never more

@@ -7,4 +7,4 @@ package redlimit
 // field of the limiter's hash listing at most Buckets counters.
 func (c *Client) SlidingWindow(name string) *Limiter { return c.limiter(name, slidingWindow) }
 
-var slidingWindow = newAlgorithm(algorithm{name: "sliding_window", state: []string{"buckets"}, inConfig: true, buckets: true}, "sliding_window.lua")
+var slidingWindow = newAlgorithm(algorithm{name: "sliding_window", state: []string{"buckets"}, inConfig: true, buckets: true, charges: true}, "sliding_window.lua")

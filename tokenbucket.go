@@ -15,4 +15,4 @@ package redlimit
 // Redisson and Go services on redlimit can share one limiter.
 func (c *Client) TokenBucket(name string) *Limiter { return c.limiter(name, tokenBucket) }
 
-var tokenBucket = newAlgorithm(algorithm{name: "tokenbucket", state: []string{"value", "permits", "grants"}, records: true}, "tokenbucket.lua")
+var tokenBucket = newAlgorithm(algorithm{name: "tokenbucket", state: []string{"value", "permits", "grants"}, records: true, charges: true}, "tokenbucket.lua")

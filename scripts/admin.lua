@@ -213,7 +213,7 @@ local function config()
   return cfg, old
 end
 
-if op == 'allow' or op == 'release' then
+if op == 'allow' or op == 'release' or op == 'charge' then
   config() -- raises what the decision found wrong
   fail('corrupt ' .. KEYS[1] .. ': config refused')
 end

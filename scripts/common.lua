@@ -311,7 +311,11 @@ local function decide(KEYS, ARGV)
       if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
+    -- charge: a grant whatever the limit says (Limiter.Charge), counted as
+    -- any grant, so that what it takes past the limit is a debt the next
+    -- requests wait out.
+    local charge = op == 'charge'
+    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -321,7 +325,7 @@ local function decide(KEYS, ARGV)
     --[[@load]]
     local limit = --[[@capacity]]
     if decide then
-      if permits > limit then
+      if permits > limit and not charge then
         retry = -1
       else
         --[[@wait]]
@@ -359,7 +363,7 @@ local function decide(KEYS, ARGV)
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[@capacity]]
         if decide and retry ~= -1 then
-          if permits > limit then
+          if permits > limit and not charge then
             retry, bound = -1, i
           else
             local wait = 0
@@ -372,6 +376,9 @@ local function decide(KEYS, ARGV)
         end
       end
       wait = most
+    end
+    if charge then
+      wait = 0
     end
     local counted = false
     if decide and retry ~= -1 then
@@ -558,7 +565,7 @@ local function decide(KEYS, ARGV)
 end
 -- <<< The decision's end.
 
-if op == 'allow' or op == 'release' then
+if op == 'allow' or op == 'release' or op == 'charge' then
   local reply = decide(KEYS, ARGV)
   if reply ~= nil then
     return reply

@@ -432,7 +432,11 @@ local function decide(KEYS, ARGV)
       if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
+    -- charge: a grant whatever the limit says (Limiter.Charge), counted as
+    -- any grant, so that what it takes past the limit is a debt the next
+    -- requests wait out.
+    local charge = op == 'charge'
+    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -495,7 +499,7 @@ else
 end
     local limit = --[[ capacity ]] rate
     if decide then
-      if permits > limit then
+      if permits > limit and not charge then
         retry = -1
       else
         --[[ wait ]] -- Enough of the oldest records in the window must age out: of one permit or
@@ -592,7 +596,7 @@ local used, total, last = s1, s2[1], s2[2]
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[ capacity ]] rate
         if decide and retry ~= -1 then
-          if permits > limit then
+          if permits > limit and not charge then
             retry, bound = -1, i
           else
             local wait = 0
@@ -618,6 +622,9 @@ end
         end
       end
       wait = most
+    end
+    if charge then
+      wait = 0
     end
     local counted = false
     if decide and retry ~= -1 then
@@ -1222,7 +1229,11 @@ local function decide(KEYS, ARGV)
       if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
+    -- charge: a grant whatever the limit says (Limiter.Charge), counted as
+    -- any grant, so that what it takes past the limit is a debt the next
+    -- requests wait out.
+    local charge = op == 'charge'
+    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -1264,7 +1275,7 @@ if s1 then
 end
     local limit = --[[ capacity ]] burst
     if decide then
-      if permits > limit then
+      if permits > limit and not charge then
         retry = -1
       else
         --[[ wait ]] -- Permits fit when tat + permits × emission ≤ now + tolerance: the wait is
@@ -1344,7 +1355,7 @@ end
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[ capacity ]] burst
         if decide and retry ~= -1 then
-          if permits > limit then
+          if permits > limit and not charge then
             retry, bound = -1, i
           else
             local wait = 0
@@ -1367,6 +1378,9 @@ if tatf > f then wait = wait + 1 end
         end
       end
       wait = most
+    end
+    if charge then
+      wait = 0
     end
     local counted = false
     if decide and retry ~= -1 then
@@ -1856,7 +1870,11 @@ s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
       if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
+    -- charge: a grant whatever the limit says (Limiter.Charge), counted as
+    -- any grant, so that what it takes past the limit is a debt the next
+    -- requests wait out.
+    local charge = op == 'charge'
+    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -1884,7 +1902,7 @@ end
 local ends = (start + interval) * 1000
     local limit = --[[ capacity ]] rate
     if decide then
-      if permits > limit then
+      if permits > limit and not charge then
         retry = -1
       else
         --[[ wait ]] if count + permits > rate then
@@ -1943,7 +1961,7 @@ local ends = (start + interval) * 1000
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[ capacity ]] rate
         if decide and retry ~= -1 then
-          if permits > limit then
+          if permits > limit and not charge then
             retry, bound = -1, i
           else
             local wait = 0
@@ -1958,6 +1976,9 @@ end
         end
       end
       wait = most
+    end
+    if charge then
+      wait = 0
     end
     local counted = false
     if decide and retry ~= -1 then
@@ -2384,7 +2405,11 @@ local function decide(KEYS, ARGV)
       if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
+    -- charge: a grant whatever the limit says (Limiter.Charge), counted as
+    -- any grant, so that what it takes past the limit is a debt the next
+    -- requests wait out.
+    local charge = op == 'charge'
+    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -2456,7 +2481,7 @@ end
 s1, s2 = live, total
     local limit = --[[ capacity ]] rate
     if decide then
-      if permits > limit then
+      if permits > limit and not charge then
         retry = -1
       else
         --[[ wait ]] -- Enough of the oldest sub-windows must leave the window: the one that
@@ -2571,7 +2596,7 @@ s1, s2 = live, total
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[ capacity ]] rate
         if decide and retry ~= -1 then
-          if permits > limit then
+          if permits > limit and not charge then
             retry, bound = -1, i
           else
             local wait = 0
@@ -2599,6 +2624,9 @@ end
         end
       end
       wait = most
+    end
+    if charge then
+      wait = 0
     end
     local counted = false
     if decide and retry ~= -1 then

@@ -365,7 +365,11 @@ local function decide(KEYS, ARGV)
       if g.err then error('REDLIMIT corrupt ' .. where .. ': ' .. g.err, 0) end
       s1, s2 = g[1], g[2]
     end
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow'
+    -- charge: a grant whatever the limit says (Limiter.Charge), counted as
+    -- any grant, so that what it takes past the limit is a debt the next
+    -- requests wait out.
+    local charge = op == 'charge'
+    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -407,7 +411,7 @@ if s1 then
 end
     local limit = --[[ capacity ]] burst
     if decide then
-      if permits > limit then
+      if permits > limit and not charge then
         retry = -1
       else
         --[[ wait ]] -- Permits fit when tat + permits × emission ≤ now + tolerance: the wait is
@@ -487,7 +491,7 @@ end
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[ capacity ]] burst
         if decide and retry ~= -1 then
-          if permits > limit then
+          if permits > limit and not charge then
             retry, bound = -1, i
           else
             local wait = 0
@@ -510,6 +514,9 @@ if tatf > f then wait = wait + 1 end
         end
       end
       wait = most
+    end
+    if charge then
+      wait = 0
     end
     local counted = false
     if decide and retry ~= -1 then
@@ -804,7 +811,7 @@ if tatf > 0 then reset = reset + 1 end
 end
 -- <<< The decision's end.
 
-if op == 'allow' or op == 'release' then
+if op == 'allow' or op == 'release' or op == 'charge' then
   local reply = decide(KEYS, ARGV)
   if reply ~= nil then
     return reply
@@ -1056,7 +1063,7 @@ local function config()
   return cfg, old
 end
 
-if op == 'allow' or op == 'release' then
+if op == 'allow' or op == 'release' or op == 'charge' then
   config() -- raises what the decision found wrong
   fail('corrupt ' .. KEYS[1] .. ': config refused')
 end

@@ -1,0 +1,93 @@
+package redlimit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A charge past the limit is a debt that the next requests wait out exactly:
+// on 10 per 10 s, 5 taken at 0 s and 20 charged at 5 s leave 15 owed; the
+// 5 come back at 10 s (still 10 owed) and the 20 at 15 s, so a request at
+// 5 s waits exactly 10 s, is denied until then, and is granted then.
+func TestChargeIsADebt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		for _, make := range []func(c *Client, name string) *Limiter{(*Client).TokenBucket, (*Client).SlidingWindow} {
+			ctx := context.Background()
+			clk := newClock()
+			l := make(newClient(rdb, clk), uniqueName(t)).WithDefault(tenPer10s)
+			t.Run(l.alg.name, func(t *testing.T) {
+				ok, err := l.TryAcquire(ctx, 5)
+				require.NoError(t, err)
+				require.True(t, ok)
+				clk.Add(5 * time.Second)
+				r, err := l.Charge(ctx, 20)
+				require.NoError(t, err)
+				assert.True(t, r.Allowed, "a charge is always taken")
+				assert.Equal(t, int64(0), r.Remaining, "in debt")
+				r, err = l.Allow(ctx, 1)
+				require.NoError(t, err)
+				assert.False(t, r.Allowed)
+				assert.Equal(t, 10*time.Second, r.RetryAfter, "the debt drains as the charge's permits come back, at 15 s")
+				assert.Equal(t, int64(0), r.Remaining)
+				clk.Add(5 * time.Second)
+				r, err = l.Allow(ctx, 1)
+				require.NoError(t, err)
+				assert.False(t, r.Allowed, "at 10 s the first 5 are back, and 10 still owed")
+				assert.Equal(t, 5*time.Second, r.RetryAfter)
+				clk.Add(5*time.Second - time.Millisecond)
+				ok, err = l.TryAcquire(ctx, 1)
+				require.NoError(t, err)
+				assert.False(t, ok, "1 ms before the debt has drained")
+				clk.Add(time.Millisecond)
+				r, err = l.Allow(ctx, 1)
+				require.NoError(t, err)
+				assert.True(t, r.Allowed, "the debt has drained")
+				assert.Equal(t, int64(9), r.Remaining)
+
+				// A refund is a Release, as after any grant: a charge of 12
+				// (2 owed), 12 given back, and the limit is as it was.
+				_, err = l.Charge(ctx, 12)
+				require.NoError(t, err)
+				require.NoError(t, l.Release(ctx, 12))
+				n, err := l.AvailablePermits(ctx)
+				require.NoError(t, err)
+				assert.Equal(t, int64(9), n)
+			})
+		}
+	})
+}
+
+// Charge is offered where a debt is exact, and refuses bad input, leaving
+// the state as it was.
+func TestChargeRefuses(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		name := uniqueName(t)
+		l := a.new(newClient(rdb, newClock()), name).WithDefault(tenPer10s)
+		ok, err := l.TryAcquire(ctx, 3)
+		require.NoError(t, err)
+		require.True(t, ok)
+		before := snapshot(t, rdb, name)
+		_, err = l.Charge(ctx, 20)
+		if !l.alg.charges {
+			assert.ErrorIs(t, err, ErrUnsupported, "a %s cannot hold a debt exactly", a.name)
+			assert.Equal(t, before, snapshot(t, rdb, name), "nothing written")
+			return
+		}
+		require.NoError(t, err)
+		before = snapshot(t, rdb, name)
+		_, err = l.Charge(ctx, -1)
+		assert.ErrorIs(t, err, ErrInvalidPermits)
+		if l.alg.records {
+			_, err = l.Charge(ctx, maxLogRate+1)
+			assert.ErrorIs(t, err, ErrInvalidPermits, "a record holds 4 bytes")
+		}
+		assert.Equal(t, before, snapshot(t, rdb, name), "nothing written")
+	})
+	assert.Equal(t, []bool{true, false, false, true}, []bool{tokenBucket.charges, funnel.charges, fixedWindow.charges, slidingWindow.charges})
+}
