@@ -62,7 +62,48 @@ func TestChargeIsADebt(t *testing.T) {
 	})
 }
 
-// Charge is offered where a debt is exact, and refuses bad input, leaving
+// A funnel's debt drains at its rate, to the µs: on 10 per 10 s (burst 10),
+// 5 taken at 0 s have drained at 5 s, when 20 are charged: the funnel is
+// then 10 s past full, and a request for 1 waits 11 s.
+func TestChargeFunnelDebt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		name := uniqueName(t)
+		l := newClient(rdb, clk).Funnel(name).WithDefault(tenPer10s)
+		ok, err := l.TryAcquire(ctx, 5)
+		require.NoError(t, err)
+		require.True(t, ok)
+		clk.Add(5 * time.Second)
+		r, err := l.Charge(ctx, 20)
+		require.NoError(t, err)
+		assert.Equal(t, Result{Allowed: true, Limit: 10, ResetAfter: 20 * time.Second, Window: 10 * time.Second}, r, "20 s until empty, nothing left")
+		r, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.Equal(t, Result{Limit: 10, RetryAfter: 11 * time.Second, ResetAfter: 20 * time.Second, Window: 10 * time.Second}, r)
+		clk.Add(11*time.Second - time.Millisecond)
+		r, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.False(t, r.Allowed)
+		assert.Equal(t, time.Millisecond, r.RetryAfter, "the debt is not forgiven at a full funnel")
+		clk.Add(time.Millisecond)
+		r, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.Equal(t, Result{Allowed: true, Limit: 10, ResetAfter: 10 * time.Second, Window: 10 * time.Second}, r, "drained: granted, full again")
+
+		// A refund is a Release: at 30 s the funnel is empty; 12 charged
+		// (2 s owed) and 12 given back leave it empty again.
+		clk.Set(epoch.Add(30 * time.Second))
+		_, err = l.Charge(ctx, 12)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx, 12))
+		n, err := l.AvailablePermits(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), n)
+	})
+}
+
+// Charge is offered where a debt is exact (not by a fixed window), and refuses bad input, leaving
 // the state as it was.
 func TestChargeRefuses(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
@@ -89,5 +130,5 @@ func TestChargeRefuses(t *testing.T) {
 		}
 		assert.Equal(t, before, snapshot(t, rdb, name), "nothing written")
 	})
-	assert.Equal(t, []bool{true, false, false, true}, []bool{tokenBucket.charges, funnel.charges, fixedWindow.charges, slidingWindow.charges})
+	assert.Equal(t, []bool{true, true, false, true}, []bool{tokenBucket.charges, funnel.charges, fixedWindow.charges, slidingWindow.charges})
 }

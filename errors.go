@@ -23,7 +23,7 @@ var (
 	// ErrAlgorithmMismatch: the name's stored config belongs to another algorithm.
 	ErrAlgorithmMismatch = errors.New("redlimit: limiter holds another algorithm")
 	// ErrUnsupported: the limiter's algorithm does not offer the call
-	// (Charge on a funnel or a fixed window).
+	// (Charge on a fixed window).
 	ErrUnsupported = errors.New("redlimit: not supported by the algorithm")
 	// ErrUnexpectedReply: Redis answered with a reply the scripts never send.
 	ErrUnexpectedReply = errors.New("redlimit: unexpected reply")

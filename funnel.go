@@ -15,7 +15,7 @@ import (
 // for PerClient), which expires when the funnel is empty.
 func (c *Client) Funnel(name string) *Limiter { return c.limiter(name, funnel) }
 
-var funnel = newAlgorithm(algorithm{name: "funnel", state: []string{"tat"}, inConfig: true, burst: true}, "funnel.lua")
+var funnel = newAlgorithm(algorithm{name: "funnel", state: []string{"tat"}, inConfig: true, burst: true, charges: true}, "funnel.lua")
 
 // ThrottleResult holds CL.THROTTLE's five reply values.
 type ThrottleResult struct {

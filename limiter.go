@@ -529,9 +529,9 @@ func (l *Limiter) AvailablePermits(ctx context.Context) (int64, error) {
 // as a grant of permits is, and what it takes past the limit is a debt:
 // the limiter denies until that has drained, exactly as any grant's permits
 // drain, with RetryAfter saying when and Remaining 0 meanwhile. Release
-// gives back as after any grant. Only the token bucket and the sliding
-// window offer it (ErrUnsupported otherwise): a fixed window would forgive
-// the debt at its window's end, and a funnel holds no more than its burst.
+// gives back as after any grant. The funnel, the token bucket and the
+// sliding window offer it; a fixed window would forgive the debt at its
+// window's end, so there it is ErrUnsupported.
 func (l *Limiter) Charge(ctx context.Context, permits int64) (Result, error) {
 	switch {
 	case l.err != nil:

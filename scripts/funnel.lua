@@ -6,9 +6,11 @@
 -- rate says. So every time is whole µs plus a remainder in 1/rate µs, and
 -- every step is exact.
 -- State: field tat, the theoretical arrival time, as 'µs' or 'µs,remainder'
--- (a flat state: the same string). A TAT without a remainder (as scripts
--- before remainders wrote it) has remainder 0; a remainder of rate or more
--- (kept from another rate by SetRate) rounds the TAT up to the next µs.
+-- (a flat state: the same string), then ',1' while it is owed: a charge
+-- (Limiter.Charge) took it past a full funnel. A TAT without a remainder (as
+-- scripts before remainders wrote it) has remainder 0; a remainder of rate
+-- or more (kept from another rate by SetRate) rounds the TAT up to the next
+-- µs.
 
 --[[@helpers]]
 -- times returns m emission intervals of pe + pr / rate µs, as whole µs and a
@@ -74,7 +76,8 @@ s1 = flat
 -- The emission interval is pe + pr / rate µs, and the tolerance, burst of
 -- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
 -- clamped to now at the earliest, and to a full funnel at the latest (the
--- usage a rate decrease leaves behind fits the new capacity).
+-- usage a rate decrease leaves behind fits the new capacity), unless it is
+-- owed: a charge's debt drains, to the µs, before anything more is granted.
 -- Below 2^52, m × pr is exact and so are the steps from it (the common
 -- case, written out here as in wait and commit); times takes the rest.
 local pe = interval * 1000 / rate
@@ -89,7 +92,7 @@ else
 end
 local tat, tatf = NOW_US, 0
 if s1 then
-  local t, f = string.match(s1, '^(%d+),?(%d*)$')
+  local t, f, owed = string.match(s1, '^(%d+),?(%d*),?(1?)$')
   tat = t and t + 0
   if not tat or tat > MAX then
     error('REDLIMIT corrupt ' .. where .. ': field tat' .. K .. ' = ' .. string.format('%q', s1), 0)
@@ -100,7 +103,7 @@ if s1 then
   end
   if tat < NOW_US then
     tat, tatf = NOW_US, 0
-  elseif tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
+  elseif (tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf) and owed == '' then
     tat, tatf = NOW_US + tolerance, tf
   end
 end
@@ -140,9 +143,12 @@ tat, tatf = tat - w, tatf - f
 if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
 
 --[[@encode]]
--- An empty funnel has no state; every other moves its expiry.
+-- An empty funnel has no state; every other moves its expiry. A TAT past a
+-- full funnel is a charge's debt (see the top).
 value = nil
-if tatf > 0 then
+if tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
+  value = string.format('%d,%d,1', tat, tatf)
+elseif tatf > 0 then
   value = string.format('%d,%d', tat, tatf)
 elseif tat > NOW_US then
   value = string.format('%d', tat)

@@ -164,7 +164,8 @@ func classify(f []any) (algorithm string, stored bool) {
 }
 
 // flatShapes are the flat states the funnel (a TAT, with its remainder
-// after a ',' when it has one), the fixed window
+// after a ',' when it has one, and ',1' after that while a charge's debt
+// is owed), the fixed window
 // ('start count') and the sliding window ('start:count,gap:count…') keep in
 // a limiter's key while no config is stored (the README's "Keys in Redis"),
 // one part per rate with ';' between them: the shapes their scripts accept.
@@ -172,7 +173,7 @@ var flatShapes = []struct {
 	algorithm string
 	part      *regexp.Regexp
 }{
-	{"funnel", regexp.MustCompile(`^\d+(?:,\d+)?$`)},
+	{"funnel", regexp.MustCompile(`^\d+(?:,\d+(?:,1)?)?$`)},
 	{"fixed_window", regexp.MustCompile(`^\d+ \d+$`)},
 	{"sliding_window", regexp.MustCompile(`^\d+:\d+(?:,\d+:\d+)*$`)},
 }

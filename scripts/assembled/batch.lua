@@ -1243,7 +1243,8 @@ local function decide(KEYS, ARGV)
     --[[ load ]] -- The emission interval is pe + pr / rate µs, and the tolerance, burst of
 -- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
 -- clamped to now at the earliest, and to a full funnel at the latest (the
--- usage a rate decrease leaves behind fits the new capacity).
+-- usage a rate decrease leaves behind fits the new capacity), unless it is
+-- owed: a charge's debt drains, to the µs, before anything more is granted.
 -- Below 2^52, m × pr is exact and so are the steps from it (the common
 -- case, written out here as in wait and commit); times takes the rest.
 local pe = interval * 1000 / rate
@@ -1258,7 +1259,7 @@ else
 end
 local tat, tatf = NOW_US, 0
 if s1 then
-  local t, f = string.match(s1, '^(%d+),?(%d*)$')
+  local t, f, owed = string.match(s1, '^(%d+),?(%d*),?(1?)$')
   tat = t and t + 0
   if not tat or tat > MAX then
     error('REDLIMIT corrupt ' .. where .. ': field tat' .. K .. ' = ' .. string.format('%q', s1), 0)
@@ -1269,7 +1270,7 @@ if s1 then
   end
   if tat < NOW_US then
     tat, tatf = NOW_US, 0
-  elseif tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
+  elseif (tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf) and owed == '' then
     tat, tatf = NOW_US + tolerance, tf
   end
 end
@@ -1322,7 +1323,8 @@ if tatf > f then wait = wait + 1 end
         --[[ more_load ]] -- The emission interval is pe + pr / rate µs, and the tolerance, burst of
 -- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
 -- clamped to now at the earliest, and to a full funnel at the latest (the
--- usage a rate decrease leaves behind fits the new capacity).
+-- usage a rate decrease leaves behind fits the new capacity), unless it is
+-- owed: a charge's debt drains, to the µs, before anything more is granted.
 -- Below 2^52, m × pr is exact and so are the steps from it (the common
 -- case, written out here as in wait and commit); times takes the rest.
 local pe = interval * 1000 / rate
@@ -1337,7 +1339,7 @@ else
 end
 local tat, tatf = NOW_US, 0
 if s1 then
-  local t, f = string.match(s1, '^(%d+),?(%d*)$')
+  local t, f, owed = string.match(s1, '^(%d+),?(%d*),?(1?)$')
   tat = t and t + 0
   if not tat or tat > MAX then
     error('REDLIMIT corrupt ' .. where .. ': field tat' .. K .. ' = ' .. string.format('%q', s1), 0)
@@ -1348,7 +1350,7 @@ if s1 then
   end
   if tat < NOW_US then
     tat, tatf = NOW_US, 0
-  elseif tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
+  elseif (tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf) and owed == '' then
     tat, tatf = NOW_US + tolerance, tf
   end
 end
@@ -1416,9 +1418,12 @@ if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
     -- What a commit or release left (or a state to rewrite), written as
     -- fields; a flat state is written below, with its expiry.
     if wrote or rewrite then
-      --[[ encode ]] -- An empty funnel has no state; every other moves its expiry.
+      --[[ encode ]] -- An empty funnel has no state; every other moves its expiry. A TAT past a
+-- full funnel is a charge's debt (see the top).
 value = nil
-if tatf > 0 then
+if tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
+  value = string.format('%d,%d,1', tat, tatf)
+elseif tatf > 0 then
   value = string.format('%d,%d', tat, tatf)
 elseif tat > NOW_US then
   value = string.format('%d', tat)
@@ -1464,7 +1469,8 @@ if tatf > 0 then reset = reset + 1 end
         --[[ more_load ]] -- The emission interval is pe + pr / rate µs, and the tolerance, burst of
 -- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
 -- clamped to now at the earliest, and to a full funnel at the latest (the
--- usage a rate decrease leaves behind fits the new capacity).
+-- usage a rate decrease leaves behind fits the new capacity), unless it is
+-- owed: a charge's debt drains, to the µs, before anything more is granted.
 -- Below 2^52, m × pr is exact and so are the steps from it (the common
 -- case, written out here as in wait and commit); times takes the rest.
 local pe = interval * 1000 / rate
@@ -1479,7 +1485,7 @@ else
 end
 local tat, tatf = NOW_US, 0
 if s1 then
-  local t, f = string.match(s1, '^(%d+),?(%d*)$')
+  local t, f, owed = string.match(s1, '^(%d+),?(%d*),?(1?)$')
   tat = t and t + 0
   if not tat or tat > MAX then
     error('REDLIMIT corrupt ' .. where .. ': field tat' .. K .. ' = ' .. string.format('%q', s1), 0)
@@ -1490,7 +1496,7 @@ if s1 then
   end
   if tat < NOW_US then
     tat, tatf = NOW_US, 0
-  elseif tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
+  elseif (tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf) and owed == '' then
     tat, tatf = NOW_US + tolerance, tf
   end
 end
@@ -1516,9 +1522,12 @@ if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
         end
         if wrote then
           local value, expire = nil, false
-          --[[ more_encode ]] -- An empty funnel has no state; every other moves its expiry.
+          --[[ more_encode ]] -- An empty funnel has no state; every other moves its expiry. A TAT past a
+-- full funnel is a charge's debt (see the top).
 value = nil
-if tatf > 0 then
+if tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
+  value = string.format('%d,%d,1', tat, tatf)
+elseif tatf > 0 then
   value = string.format('%d,%d', tat, tatf)
 elseif tat > NOW_US then
   value = string.format('%d', tat)
