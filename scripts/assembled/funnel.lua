@@ -127,6 +127,9 @@ else
 end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
 local op = ARGV[OP]
+-- A batch's requests mostly share a config (ARGV[CONFIG]): each one is
+-- parsed once per call, into configs (a lone call makes no table).
+local configs = op == 'batch' and {} or nil
 
 -- >>> A batch's script (script.go's batchScript) holds what follows, up to
 -- the decision's end, once per algorithm, and runs each request's decision
@@ -298,12 +301,20 @@ local function decide(KEYS, ARGV)
   -- (Throttle's) even over a stored one, which must still be sound. Go
   -- wrote it: a '0' needs no converting.
   if ok and ARGV[CONFIG] ~= '' and (not stored or string.sub(ARGV[CONFIG], 1, 6) == 'fixed ') then
-    local r, i, options, rest = string.match(ARGV[CONFIG], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
-    rate, interval, more = r + 0, i + 0, rest
-    kind, burst, buckets, keepalive = 0, 0, 0, 0
-    if options ~= '0 0 0 0' then -- Overall, no burst, buckets or keep-alive: most defaults
-      local t, b, bk, ka = string.match(options, '^(%d+) (%d+) (%d+) (%d+)$')
-      kind, burst, buckets, keepalive = t + 0, b + 0, bk + 0, ka + 0
+    local parsed = configs and configs[ARGV[CONFIG]]
+    if parsed then
+      rate, interval, more, kind, burst, buckets, keepalive = unpack(parsed)
+    else
+      local r, i, options, rest = string.match(ARGV[CONFIG], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
+      rate, interval, more = r + 0, i + 0, rest
+      kind, burst, buckets, keepalive = 0, 0, 0, 0
+      if options ~= '0 0 0 0' then -- Overall, no burst, buckets or keep-alive: most defaults
+        local t, b, bk, ka = string.match(options, '^(%d+) (%d+) (%d+) (%d+)$')
+        kind, burst, buckets, keepalive = t + 0, b + 0, bk + 0, ka + 0
+      end
+      if configs then
+        configs[ARGV[CONFIG]] = { rate, interval, more, kind, burst, buckets, keepalive }
+      end
     end
   end
   -- The further rates, n of them: rate, interval, burst, buckets of each,
