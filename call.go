@@ -44,10 +44,8 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 		r.Reason = ReasonCache
 	}
 	shadow := c.shadow || l.shadow || r.Shadow
-	// A caller's own cancellation is not an outage (scriptError): it is
-	// never granted, even when Redis failed at the moment it cancelled.
 	// Shadow mode never denies, so it fails open.
-	failOpen := err != nil && (c.failOpen || shadow) && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
+	failOpen := c.grantsOpen(ctx, err, shadow)
 	if failOpen {
 		r = Result{Allowed: true, Reason: ReasonFailOpen, Shadow: shadow}
 	}
@@ -64,6 +62,14 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 		return r, nil
 	}
 	return r, err
+}
+
+// grantsOpen reports whether a request Redis failed to decide with err is
+// granted: with WithFailOpen (or open, for shadow mode), when Redis was
+// unavailable. A caller's own cancellation is not an outage (scriptError):
+// it is never granted, even when Redis failed at the moment it cancelled.
+func (c *Client) grantsOpen(ctx context.Context, err error, open bool) bool {
+	return err != nil && (c.failOpen || open) && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
 }
 
 // forgetDenial drops this Client's cached denial after a local change that

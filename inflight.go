@@ -295,8 +295,7 @@ func (l *InFlight) try(ctx context.Context, id string) (*Hold, time.Duration, er
 	if err == nil {
 		r, ttl, err = parseAcquire(reply)
 	}
-	// As decide does: a caller's own cancellation is never granted.
-	failOpen := err != nil && c.failOpen && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
+	failOpen := c.grantsOpen(ctx, err, false)
 	if failOpen {
 		r = Result{Allowed: true}
 	}
