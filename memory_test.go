@@ -224,6 +224,7 @@ func TestMemoryEviction(t *testing.T) {
 				algo           string
 				limiter        *Limiter
 				granted, fails atomic.Int64
+				loops          [2]atomic.Int64 // calls each caller has finished counting
 			}
 			var runs []*run
 			for _, a := range algorithms {
@@ -232,7 +233,7 @@ func TestMemoryEviction(t *testing.T) {
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			for _, r := range runs {
-				for range 2 {
+				for caller := range r.loops {
 					wg.Go(func() {
 						for {
 							select {
@@ -249,6 +250,7 @@ func TestMemoryEviction(t *testing.T) {
 							case ok:
 								r.granted.Add(1)
 							}
+							r.loops[caller].Add(1)
 							time.Sleep(time.Millisecond)
 						}
 					})
@@ -262,6 +264,14 @@ func TestMemoryEviction(t *testing.T) {
 				}
 				return true
 			}, 10*time.Second, 10*time.Millisecond, "every limiter uses up its limit")
+			// A grant Redis made before the check above may not be counted
+			// yet: wait until every caller has finished the call it was in.
+			for _, r := range runs {
+				for caller := range r.loops {
+					seen := r.loops[caller].Load()
+					require.Eventually(t, func() bool { return r.loops[caller].Load() > seen }, 10*time.Second, time.Millisecond)
+				}
+			}
 			for _, r := range runs {
 				require.Equal(t, int64(rate), r.granted.Load(), "%s: the limit, exactly, before any eviction", r.algo)
 			}
