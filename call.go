@@ -87,6 +87,9 @@ type request struct {
 	permits int64    // allow, release
 	ms      int64    // expire: the TTL
 	clients []string // other clients whose keys the op must reach
+	// calendarLearnt: the request is sent again with the calendar rates
+	// its script named (calendarReply), and is not sent a third time.
+	calendarLearnt bool
 }
 
 // The scripts' ops and config sources, boxed once: converting a string to
@@ -106,6 +109,7 @@ const (
 	argNow                  // µs, or '' for Redis TIME
 	argPermits              // permits, or ms for expire
 	argConfig               // the handle's config (Config.arg), or ''
+	argCalendar             // the calendar rates' windows (calendarSet.arg), or ''
 	argID                   // the request id, when it needs one
 	argLogWindow            // the request log's window in ms, or ''
 	argClientID             // this client's id
@@ -140,7 +144,10 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	}
 	// A request ID names the token bucket's record, and the request log's
 	// entry; only grants and releases need one.
-	id := noArg
+	id, calendar := noArg, noArg
+	if cals := l.calendarsSent(); cals != nil {
+		calendar = cals.arg(c.clock())
+	}
 	counts := (req.op == opAllow || req.op == opCharge) && req.permits > 0
 	if req.op == opRelease || counts && (l.alg.records || c.retryWindow > 0) {
 		id = newRequestID()
@@ -153,7 +160,8 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	// decision on a limiter not known to be PerClient, with no request log,
 	// goes with the config's and the Overall state's keys only, and without
 	// the log's window and the client id (argLogWindow, argClientID); one
-	// that records no id goes without argID too.
+	// that records no id goes without argID too, and one with no calendar
+	// without argCalendar.
 	decision := req.op == opAllow || req.op == opRelease || req.op == opCharge
 	short := decision && c.retryWindow == 0 && !l.perClient.Load()
 	keys := l.keyArgs
@@ -164,13 +172,16 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	}
 	args := (*pooled)[:argOthers-1]
 	args[argOp-1], args[argNow-1], args[argPermits-1], args[argConfig-1] = req.op, now, n, config
-	args[argID-1], args[argLogWindow-1], args[argClientID-1] = id, c.retryWindowArg, l.clientID
+	args[argCalendar-1], args[argID-1], args[argLogWindow-1], args[argClientID-1] = calendar, id, c.retryWindowArg, l.clientID
 	if short {
 		keys = keys[:l.alg.registry()-1]
-		if id == noArg {
-			args = args[:argConfig]
-		} else {
+		switch {
+		case id != noArg:
 			args = args[:argID]
+		case calendar != noArg:
+			args = args[:argCalendar]
+		default:
+			args = args[:argConfig]
 		}
 	}
 	if len(req.clients) > 0 {
@@ -194,6 +205,17 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	argsPool.Put(pooled)
 	if short && reply == perClientReply {
 		l.perClient.Store(true)
+		return l.eval(ctx, req)
+	}
+	if s, ok := reply.(string); ok && strings.HasPrefix(s, calendarReply) && !req.calendarLearnt && l.family != nil {
+		// The config in force has calendar rates other than those sent: the
+		// script names them, and the family sends them from now on.
+		cals, ok := newCalendarSet(s[len(calendarReply):])
+		if !ok {
+			return nil, unexpected(reply)
+		}
+		l.family.calendars.Store(cals)
+		req.calendarLearnt = true
 		return l.eval(ctx, req)
 	}
 	if s, ok := reply.(string); ok && decision && l.stored != nil {
@@ -223,6 +245,25 @@ func (id *requestID) MarshalBinary() ([]byte, error) { return id[:], nil }
 // perClientReply is a decision's reply when it was sent the short key list
 // but the limiter is PerClient (scripts/common.lua).
 const perClientReply = "perclient"
+
+// calendarReply begins a reply that asks for the calendar rates' windows:
+// the config in force has calendar rates (what follows, Config.calendars)
+// that the request sent no windows for (ARGV[argCalendar]).
+const calendarReply = "calendar "
+
+// calendarsSent is the calendar rates whose windows a request sends: those
+// a script last named for the limiter, else the handle's own config's. A
+// handle whose config is in force whatever is stored (Throttle's, SetRate's)
+// sends its own.
+func (l *Limiter) calendarsSent() *calendarSet {
+	if l.source == sourceFixed || l.source == sourceNew || l.family == nil {
+		return l.calendars
+	}
+	if learnt := l.family.calendars.Load(); learnt != nil {
+		return learnt
+	}
+	return l.calendars
+}
 
 // argsPool recycles eval's argument slices: go-redis copies the arguments
 // into its command, so a slice is free again once the call returns.

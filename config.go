@@ -34,10 +34,13 @@ func (t RateType) String() string {
 // resolution: the token bucket's Redis layout, shared with Redisson, stores them
 // in milliseconds.
 //
+// Calendar, set by PerDay, PerWeek, PerMonth and PerMonthFrom, makes the
+// rate's windows the calendar's (a fixed window's only; see Calendar).
+//
 // More holds the further rates And adds, enforced together with this one: a
 // request is granted only if every rate allows it, and then counts against
-// all of them. Of each, only Rate, Interval, Burst and Buckets count; Type
-// and KeepAlive are this Config's (leave theirs zero).
+// all of them. Of each, only Rate, Interval, Burst, Buckets and Calendar
+// count; Type and KeepAlive are this Config's (leave theirs zero).
 type Config struct {
 	Type      RateType
 	Rate      int64         // permits per Interval
@@ -45,6 +48,7 @@ type Config struct {
 	Burst     int64         // funnel only: capacity; 0 means Rate
 	Buckets   int           // sliding window only: sub-windows per Interval; 0 means 10
 	KeepAlive time.Duration // 0: the config never expires; else idle TTL refreshed on every acquire (≥ every Interval)
+	Calendar  Calendar      // fixed window only: windows that follow the calendar; Interval is then its longest window
 	More      []Config      // further rates, each with its own Interval (And)
 }
 
@@ -90,6 +94,9 @@ func PerHour(n int64) Config { return Per(n, time.Hour) }
 
 func (c Config) String() string {
 	s := fmt.Sprintf("%d per %v", c.Rate, c.Interval)
+	if c.Calendar.Period != 0 {
+		s = fmt.Sprintf("%d per %v", c.Rate, c.Calendar)
+	}
 	if c.Type == PerClient {
 		s += " per client"
 	}
@@ -203,6 +210,14 @@ func (c Config) validateRate() error {
 	case c.KeepAlive > maxInterval:
 		return bad("keep alive %v is above %v", c.KeepAlive, maxInterval)
 	}
+	if c.Calendar.Period != 0 {
+		if err := c.Calendar.validate(); err != nil {
+			return err
+		}
+		if c.Interval != c.Calendar.longest() {
+			return bad("interval %v: a %v quota's is %v, its longest window", c.Interval, c.Calendar, c.Calendar.longest())
+		}
+	}
 	d := c.withDefaults()
 	intervalUS := d.Interval.Microseconds()
 	switch {
@@ -236,18 +251,22 @@ func (c Config) validateLog() error {
 // Config holds a slice, so == does not compare it.
 func (c Config) equal(o Config) bool {
 	return c.Type == o.Type && c.Rate == o.Rate && c.Interval == o.Interval && c.Burst == o.Burst &&
-		c.Buckets == o.Buckets && c.KeepAlive == o.KeepAlive && slices.EqualFunc(c.More, o.More, Config.equal)
+		c.Buckets == o.Buckets && c.KeepAlive == o.KeepAlive && c.Calendar.equal(o.Calendar) && slices.EqualFunc(c.More, o.More, Config.equal)
 }
 
 // arg encodes c for the scripts as ARGV[4] (scripts/common.lua): source,
-// then the fields, space-separated, then each further rate's (moreArg). Zero
-// Burst and Buckets go as they are: the scripts apply the defaults, so Config
-// reads back what was set.
+// then the fields, space-separated, then '@' and its calendars (calendars)
+// if it has any, then each further rate's (moreArg). Zero Burst and Buckets
+// go as they are: the scripts apply the defaults, so Config reads back what
+// was set.
 func (c Config) arg(source string) string {
 	b := make([]byte, 0, 64)
 	b = append(b, source...)
 	for _, n := range []int64{c.Rate, c.Interval.Milliseconds(), int64(c.Type), c.Burst, int64(c.Buckets), c.KeepAlive.Milliseconds()} {
 		b = strconv.AppendInt(append(b, ' '), n, 10)
+	}
+	if cals := c.calendars(); cals != "" {
+		b = append(append(b, " @"...), cals...)
 	}
 	if len(c.More) > 0 {
 		b = append(append(b, ' '), moreArg(c.More)...)
@@ -290,4 +309,46 @@ func parseMore(s string) ([]Config, bool) {
 		more = append(more, Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Burst: n[2], Buckets: int(n[3])})
 	}
 	return more, true
+}
+
+// calendars lists the rates of c that follow a calendar, as the config
+// hash's field calendar keeps them: "place=spec" (place: 1 for c's own
+// rate, 2 … for the further ones; spec: Calendar.spec), ',' between them,
+// or "" for none.
+func (c Config) calendars() string {
+	var b strings.Builder
+	for i, r := range c.rates() {
+		if r.Calendar.Period == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%d=%s", i+1, r.Calendar.spec())
+	}
+	return b.String()
+}
+
+// rateCalendar is one calendar rate of a config: its place (calendars).
+type rateCalendar struct {
+	place int
+	cal   Calendar
+}
+
+// parseCalendars reads calendars back.
+func parseCalendars(s string) ([]rateCalendar, bool) {
+	var list []rateCalendar
+	for item := range strings.SplitSeq(s, ",") {
+		place, spec, ok := strings.Cut(item, "=")
+		n, err := strconv.Atoi(place)
+		if !ok || err != nil || n < 1 || n > maxRates {
+			return nil, false
+		}
+		cal, ok := parseCalendar(spec)
+		if !ok {
+			return nil, false
+		}
+		list = append(list, rateCalendar{place: n, cal: cal})
+	}
+	return list, true
 }

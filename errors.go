@@ -25,6 +25,11 @@ var (
 	// ErrUnsupported: the limiter's algorithm does not offer the call
 	// (Charge on a fixed window).
 	ErrUnsupported = errors.New("redlimit: not supported by the algorithm")
+	// ErrClockSkew: Redis's clock and the client's disagree by more than a
+	// calendar quota's window: the windows the client sent (a day, a week or
+	// a month around its own clock) do not hold Redis's time. Not an outage:
+	// never failed open.
+	ErrClockSkew = errors.New("redlimit: clocks disagree")
 	// ErrUnexpectedReply: Redis answered with a reply the scripts never send.
 	ErrUnexpectedReply = errors.New("redlimit: unexpected reply")
 	// ErrUnavailable: Redis could not decide (unreachable, timed out, loading,

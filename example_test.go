@@ -248,6 +248,41 @@ func ExampleConfig_And() {
 	// every rate: [{2 1s} {3 1m0s}]
 }
 
+// A monthly quota billed from the 31st: the window follows New York's
+// calendar, so February's starts on its last day.
+func ExamplePerMonthFrom() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		log.Fatal(err)
+	}
+	now := time.Date(2027, 2, 27, 9, 0, 0, 0, ny)
+	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now }))
+	cfg := redlimit.PerMonthFrom(3, ny, 31)
+	limiter := client.FixedWindow("tenant-42").WithDefault(cfg)
+	fmt.Println(cfg)
+
+	for _, at := range []time.Time{now, now, now, now, time.Date(2027, 2, 28, 0, 0, 0, 0, ny)} {
+		now = at
+		r, err := limiter.Allow(context.Background(), 1)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%s allowed %-5v remaining %d, retry after %v; this month's window: %v\n",
+			at.Format("Jan 2 15:04"), r.Allowed, r.Remaining, r.RetryAfter, r.Window)
+	}
+	// Output:
+	// 3 per month from day 31 in America/New_York
+	// Feb 27 09:00 allowed true  remaining 2, retry after 0s; this month's window: 672h0m0s
+	// Feb 27 09:00 allowed true  remaining 1, retry after 0s; this month's window: 672h0m0s
+	// Feb 27 09:00 allowed true  remaining 0, retry after 0s; this month's window: 672h0m0s
+	// Feb 27 09:00 allowed false remaining 0, retry after 15h0m0s; this month's window: 672h0m0s
+	// Feb 28 00:00 allowed true  remaining 2, retry after 0s; this month's window: 743h0m0s
+}
+
 // Acquire waits for its permits, but not past the context's deadline: when
 // the limiter says the wait is longer, it returns at once.
 func ExampleLimiter_Acquire() {

@@ -7,4 +7,4 @@ package redlimit
 // 2 × Rate can pass in one Interval that straddles a window edge.
 func (c *Client) FixedWindow(name string) *Limiter { return c.limiter(name, fixedWindow) }
 
-var fixedWindow = newAlgorithm(algorithm{name: "fixed_window", state: []string{"window"}, inConfig: true}, "fixed_window.lua")
+var fixedWindow = newAlgorithm(algorithm{name: "fixed_window", state: []string{"window"}, inConfig: true, calendar: true}, "fixed_window.lua")

@@ -40,7 +40,7 @@ type algorithm struct {
 	// exactly, until it has drained as any grant does.
 	charges bool
 	// The Config fields beyond the common ones that it uses.
-	burst, buckets bool
+	burst, buckets, calendar bool
 }
 
 // registry is the position of the client registry in a limiter's keys
@@ -82,6 +82,9 @@ func (l *Limiter) Validate(cfg Config) error {
 		if r.Buckets != 0 && !l.alg.buckets {
 			return fmt.Errorf("%w: buckets %d: only a sliding window has buckets", ErrInvalidConfig, r.Buckets)
 		}
+		if r.Calendar.Period != 0 && !l.alg.calendar {
+			return fmt.Errorf("%w: per %v: only a fixed window follows the calendar", ErrInvalidConfig, r.Calendar)
+		}
 	}
 	return nil
 }
@@ -120,6 +123,8 @@ type Limiter struct {
 	err         error
 	family      *family
 	shadow      bool // WithShadow: every decision in shadow mode
+	// calendars: the handle's config's calendar rates, or nil.
+	calendars *calendarSet
 }
 
 // family is what a Client keeps of one limiter, an algorithm under a name:
@@ -133,6 +138,9 @@ type Limiter struct {
 type family struct {
 	base              Limiter
 	perClient, stored atomic.Bool // see Limiter's fields
+	// calendars: the calendar rates a script last named for the limiter
+	// (calendarReply), or nil.
+	calendars atomic.Pointer[calendarSet]
 	// withDefault is the latest handle base.WithDefault made, given again
 	// for an equal config: one per family keeps them bounded, and a service
 	// gives one name one default.
@@ -357,6 +365,10 @@ func (l *Limiter) withConfig(source string, cfg Config) *Limiter {
 	}
 	arg := cfg.arg(source)
 	d.source, d.config = source, arg
+	d.calendars = nil
+	if spec := cfg.calendars(); spec != "" {
+		d.calendars, _ = newCalendarSet(spec)
+	}
 	limiter, _ := splitDenialKey(l.denialKey)
 	d.denialKey = denialKey(limiter, arg)
 	return &d
@@ -583,7 +595,7 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 		return l.dflt, nil
 	}
 	var n [6]int64
-	if !ok || len(f) != len(n)+1 || !integers(f, n[:]) {
+	if !ok || len(f) != len(n)+2 || !integers(f, n[:]) {
 		return Config{}, unexpected(reply)
 	}
 	s, _ := f[6].(string)
@@ -591,10 +603,24 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 	if !ok {
 		return Config{}, unexpected(reply)
 	}
-	return Config{
+	cfg := Config{
 		Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: RateType(n[2]),
 		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond, More: more,
-	}, nil
+	}
+	if s, _ := f[7].(string); s != "" {
+		cals, ok := parseCalendars(s)
+		if !ok {
+			return Config{}, unexpected(reply)
+		}
+		for _, rc := range cals {
+			if rc.place == 1 {
+				cfg.Calendar = rc.cal
+			} else if rc.place-2 < len(cfg.More) {
+				cfg.More[rc.place-2].Calendar = rc.cal
+			}
+		}
+	}
+	return cfg, nil
 }
 
 // WithShadow returns a handle whose decisions are made in shadow mode: each

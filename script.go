@@ -41,6 +41,8 @@ func newScript(a algorithm, file string) *script {
 		own += ", 'burst'\n"
 	} else if a.buckets {
 		own += ", 'buckets'\n"
+	} else if a.calendar {
+		own += ", 'calendar'\n"
 	}
 	tools := "--[[@tools]]\n" + readScript("tools.lua")
 	src := paste(header+readScript("common.lua")+readScript("admin.lua"), readScript(file)+own+replies()+tools)
@@ -66,18 +68,18 @@ func sharedHeader() string {
 		}
 	}
 	return fmt.Sprintf("-- Declared by script.go's header, from Go.\n"+
-		"local OP, NOW, PERMITS, CONFIG, ID, LOG_WINDOW, CLIENT_ID, OTHERS = %d, %d, %d, %d, %d, %d, %d, %d -- ARGV's\n"+
+		"local OP, NOW, PERMITS, CONFIG, CALENDAR, ID, LOG_WINDOW, CLIENT_ID, OTHERS = %d, %d, %d, %d, %d, %d, %d, %d, %d -- ARGV's\n"+
 		"local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = %d, %d, %d\n"+
 		"local RATE_SUFFIX = { '%s' } -- a rate's state fields' suffix, by its place in the config\n",
-		argOp, argNow, argPermits, argConfig, argID, argLogWindow, argClientID, argOthers,
+		argOp, argNow, argPermits, argConfig, argCalendar, argID, argLogWindow, argClientID, argOthers,
 		maxRates, defaultBuckets, maxBuckets, strings.Join(suffixes, "', '"))
 }
 
 // algorithmHeader declares the algorithm and the positions of its keys.
 func algorithmHeader(a algorithm) string {
-	return fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = '%s', %d, %t, %t, %t, %t\n"+
+	return fmt.Sprintf("local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS, CALENDAR_RATES = '%s', %d, %t, %t, %t, %t, %t\n"+
 		"local REGISTRY, REQUESTS = %d, %d -- KEYS': the client registry, the request log\n",
-		a.name, len(a.state), a.inConfig, a.records, a.burst, a.buckets, a.registry(), a.registry()+1)
+		a.name, len(a.state), a.inConfig, a.records, a.burst, a.buckets, a.calendar, a.registry(), a.registry()+1)
 }
 
 // replies writes a decision's replies from call.go's declaration of them
@@ -404,6 +406,8 @@ func scriptError(ctx context.Context, err error, keys []any) error {
 			ErrNotInitialized, strings.TrimPrefix(detail, "initialized "))
 	case "algorithm": // "algorithm <key> holds a <name> config, not <name>"
 		return fmt.Errorf("%w: %s; Delete it to use the name with another algorithm", ErrAlgorithmMismatch, detail)
+	case "clock": // "clock at <ms> is outside the calendar windows …"
+		return fmt.Errorf("%w: Redis's %s", ErrClockSkew, detail)
 	}
 	// "corrupt <key>: <what>", where what may be an error of Redis.
 	if key, reply, ok := keyReply(detail, keys); ok {

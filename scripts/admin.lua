@@ -40,6 +40,12 @@ local function stored_config(f)
     end
     cfg.more = f[8]
   end
+  if f[12] and f[12] ~= '' then
+    if not CALENDAR_RATES or not string.find(f[12], '^%d=%a+:%d+:[%w_/%+%-]+') then
+      fail('corrupt ' .. key .. ': field calendar = ' .. string.format('%q', f[12]))
+    end
+    cfg.calendar = f[12]
+  end
   return cfg
 end
 
@@ -165,7 +171,7 @@ local function owned()
     return nil
   end
   local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm', 'more', 'tat', 'window', 'counts')
+    'algorithm', 'more', 'tat', 'window', 'counts', 'calendar')
   local config = f[1] or f[2] or f[7]
   -- State fields without a config: Throttle's funnel writes them.
   local other = config and (f[7] or 'tokenbucket') or f[9] and 'funnel' or f[10] and 'fixed_window'
@@ -196,13 +202,17 @@ end
 -- algorithm's helpers read.
 local function config()
   local given = { string.match(ARGV[CONFIG], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
+  local calendars = nil
+  if given[8] and string.byte(given[8], 1) == 64 then -- '@': calendar rates (common.lua's CONFIG)
+    calendars, given[8] = string.match(given[8], '^@(%S+) ?(.*)$')
+  end
   local source, cfg = given[1], nil
   local old = read_config()
   if old and source ~= 'fixed' and source ~= 'new' then
     cfg = old
   elseif source then
     cfg = { rate = given[2] + 0, interval = given[3] + 0, type = given[4] + 0, burst = given[5] + 0,
-      buckets = given[6] + 0, keepalive = given[7] + 0, more = given[8] ~= '' and given[8] or nil }
+      buckets = given[6] + 0, keepalive = given[7] + 0, more = given[8] ~= '' and given[8] or nil, calendar = calendars }
   else
     fail('not initialized ' .. KEYS[1])
   end
@@ -219,7 +229,7 @@ if op == 'allow' or op == 'release' or op == 'charge' then
 end
 
 -- state_keys returns a group's state keys: group 0 holds the Overall state,
--- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[8 ..].
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[OTHERS ..].
 -- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
 -- and each client's in one key. See common.lua for the order of KEYS.
 local function state_keys(group)
@@ -288,7 +298,7 @@ local function write_config(cfg)
   if ALGORITHM ~= 'tokenbucket' then
     redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
   end
-  for _, field in ipairs({ 'burst', 'buckets', 'more' }) do
+  for _, field in ipairs({ 'burst', 'buckets', 'more', 'calendar' }) do
     if cfg[field] == 0 or cfg[field] == nil then
       redis.call('HDEL', KEYS[1], field)
     else
@@ -320,7 +330,7 @@ end
 if op == 'get' then
   local cfg = read_config()
   if not cfg then return {} end
-  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive, cfg.more or '' }
+  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive, cfg.more or '', cfg.calendar or '' }
 end
 if op == 'ttl' then
   local ttl = redis.call('PTTL', KEYS[1])

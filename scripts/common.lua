@@ -2,7 +2,8 @@
 -- header from Go (script.go's header: the algorithm's stored name, ALGORITHM;
 -- its state keys per client, N; whether its Overall state is fields of
 -- KEYS[1], IN_CONFIG; whether its grants carry the request id, RECORDS;
--- whether it has a burst or buckets, BURST and BUCKETS; and config.go's
+-- whether it has a burst or buckets, BURST and BUCKETS, or calendar rates,
+-- CALENDAR_RATES; and config.go's
 -- bounds: MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS, and RATE_SUFFIX, each
 -- rate's state field suffix; the positions of the arguments, OP … OTHERS,
 -- and of the keys, REGISTRY and REQUESTS, as Go sends them), this file and
@@ -31,7 +32,7 @@
 -- KEYS[REGISTRY]  client registry: zset of PerClient ids, score = last grant in ms
 -- KEYS[REQUESTS]  request log: zset of recent request ids, score = when forgotten in ms
 -- KEYS[REQUESTS + 1 ..]  this client's state keys, N of them (one when
---          IN_CONFIG: a hash), then those of each client named in ARGV[8 ..]
+--          IN_CONFIG: a hash), then those of each client named in ARGV[OTHERS ..]
 --          (see admin.lua's state_keys)
 -- Every key costs the call about as much as a small command, so a decision
 -- is sent with KEYS[1 .. REGISTRY - 1] only, unless its handle knows the
@@ -43,17 +44,23 @@
 -- ARGV[2]  NOW: now in µs, or '' to read Redis TIME
 -- ARGV[3]  PERMITS: permits (allow, release) or milliseconds (expire)
 -- ARGV[4]  CONFIG: the handle's config: '' (the stored one only) or 'SOURCE rate
---          interval-ms type burst buckets keep-alive-ms [MORE]', which Go has
---          checked; SOURCE is default (while none is stored; defer: the
---          same, from a handle whose last decision found a hash), fixed
---          (whatever is stored: Throttle) or new (SetRate); MORE, the config's further
---          rates as the hash's field more keeps them: 'rate interval-ms burst
---          buckets' each, space-separated
--- ARGV[5]  ID: request id: the token bucket's record, the request log's entry
+--          interval-ms type burst buckets keep-alive-ms [@CALENDARS] [MORE]',
+--          which Go has checked; SOURCE is default (while none is stored;
+--          defer: the same, from a handle whose last decision found a hash),
+--          fixed (whatever is stored: Throttle) or new (SetRate); CALENDARS,
+--          its rates that follow the calendar as the hash's field calendar
+--          keeps them (config.go's calendars: 'place=period:anchor:zone',
+--          ',' between them); MORE, the config's further rates as the
+--          hash's field more keeps them: 'rate interval-ms burst buckets'
+--          each, space-separated
+-- ARGV[5]  CALENDAR: for a config with calendar rates, 'CALENDARS' and for
+--          each of them the edges of three windows in ms, around the
+--          client's clock (calendar.go); '' or absent for none
+-- ARGV[6]  ID: request id: the token bucket's record, the request log's entry
 --          (a decision that needs none is sent without it)
--- ARGV[6]  LOG_WINDOW: how long the request log keeps an id, ms; '' for no log
--- ARGV[7]  CLIENT_ID: client id (ARGV[6 .. 7] are sent with the whole key list only)
--- ARGV[8 ..]  OTHERS: other clients' ids (admin ops)
+-- ARGV[7]  LOG_WINDOW: how long the request log keeps an id, ms; '' for no log
+-- ARGV[8]  CLIENT_ID: client id (ARGV[7 .. 8] are sent with the whole key list only)
+-- ARGV[9 ..]  OTHERS: other clients' ids (admin ops)
 --
 -- An algorithm's sections share these locals with the skeleton:
 --   rate, interval (ms), kind (0 Overall, 1 PerClient), burst, buckets,
@@ -156,6 +163,9 @@ local function decide(KEYS, ARGV)
   local rate, interval, kind, burst, buckets, keepalive, stored
   -- shadow: 1 when the stored config's limiter is in shadow mode (SetShadow).
   local shadow = 0
+  -- spec: the config's calendar rates (CALENDARS above), or nil; calendar:
+  -- their windows' edges, { b0, b1, b2, b3 } by their state fields' K.
+  local spec, calendar = nil, nil
   -- K: the suffix of a rate's state fields, '' for the config's own rate.
   local K = ''
 
@@ -215,7 +225,7 @@ local function decide(KEYS, ARGV)
     if flat == ALGORITHM then flat, none, marked = nil, true, true else foreign = true end
   end
   local ok, more = not stored and ARGV[CONFIG] ~= '' and not foreign, nil
-  local S = (BURST or BUCKETS) and 9 or 8 -- the first state field
+  local S = (BURST or BUCKETS or CALENDAR_RATES) and 9 or 8 -- the first state field
   -- A default that found a hash with neither config nor state of its own
   -- (its first rate's): a defer sees whether KEYS[1] is there at all, and if
   -- not, writes the state flat, and the short reply sends the handle back
@@ -233,7 +243,7 @@ local function decide(KEYS, ARGV)
     -- The same checks as admin.lua's stored_config, which names the culprit.
     rate, interval, kind, keepalive = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0)
     burst, buckets = 0, 0
-    if BURST then burst = tonumber(f[8] or 0) elseif BUCKETS then buckets = tonumber(f[8] or 0) end
+    if BURST then burst = tonumber(f[8] or 0) elseif BUCKETS then buckets = tonumber(f[8] or 0) elseif CALENDAR_RATES and f[8] and f[8] ~= '' then spec = f[8] end
     ok = rate and interval and kind and burst and buckets and keepalive
         and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
         and rate >= 1 and rate <= (RECORDS and 4294967295 or MAX) and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
@@ -249,9 +259,13 @@ local function decide(KEYS, ARGV)
   if ok and ARGV[CONFIG] ~= '' and (not stored or string.sub(ARGV[CONFIG], 1, 6) == 'fixed ') then
     local parsed = configs and configs[ARGV[CONFIG]]
     if parsed then
-      rate, interval, more, kind, burst, buckets, keepalive = unpack(parsed)
+      rate, interval, more, kind, burst, buckets, keepalive, spec = unpack(parsed)
     else
       local r, i, options, rest = string.match(ARGV[CONFIG], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
+      spec = nil
+      if string.byte(rest, 1) == 64 then -- '@': calendar rates
+        spec, rest = string.match(rest, '^@(%S+) ?(.*)$')
+      end
       rate, interval, more = r + 0, i + 0, rest
       kind, burst, buckets, keepalive = 0, 0, 0, 0
       if options ~= '0 0 0 0' then -- Overall, no burst, buckets or keep-alive: most defaults
@@ -259,7 +273,7 @@ local function decide(KEYS, ARGV)
         kind, burst, buckets, keepalive = t + 0, b + 0, bk + 0, ka + 0
       end
       if configs then
-        configs[ARGV[CONFIG]] = { rate, interval, more, kind, burst, buckets, keepalive }
+        configs[ARGV[CONFIG]] = { rate, interval, more, kind, burst, buckets, keepalive, spec }
       end
     end
   end
@@ -294,6 +308,22 @@ local function decide(KEYS, ARGV)
   end
   if ok and kind == 1 and not KEYS[REGISTRY] then
     return 'perclient' -- sent with the short key list: see KEYS above
+  end
+  -- Calendar rates count in windows whose edges Go sent (ARGV[CALENDAR]);
+  -- a request that sent none, or another config's, is told which to send.
+  ok = ok and (not spec or CALENDAR_RATES)
+  if ok and spec then
+    local given, edges = string.match(ARGV[CALENDAR] or '', '^(%S+) (.*)$')
+    if given ~= spec then
+      return 'calendar ' .. spec
+    end
+    local list, at = {}, 0
+    for edge in string.gmatch(edges, '%d+') do list[#list + 1] = edge + 0 end
+    calendar = {}
+    for place in string.gmatch(spec, '(%d+)=') do
+      calendar[RATE_SUFFIX[place + 0]] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
+      at = at + 4
+    end
   end
   if ok then
     if burst == 0 then burst = rate end
@@ -371,6 +401,7 @@ local function decide(KEYS, ARGV)
           end
         end
         --[[@more_load]]
+        if calendar then rates[j + 2] = interval end -- a calendar window's own length (load)
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[@capacity]]
         if decide and retry ~= -1 then
@@ -560,7 +591,7 @@ local function decide(KEYS, ARGV)
     -- default reply has allowed, remaining, retry, reset, and the bound
     -- with several rates. Its kind also tells the client that its next
     -- decision finds no hash (source default, not defer).
-    if not stored and d == 100 and not (IN_CONFIG and f) then
+    if not stored and d == 100 and not (IN_CONFIG and f) and not calendar then
       if rates then
         return --[[@reply_default_rates]]
       end
@@ -569,6 +600,12 @@ local function decide(KEYS, ARGV)
     local window = limit * interval / rate
     window = window + (-window) % 1
     if rates then
+      if calendar then
+        -- The further rates as they are now: a calendar window's length.
+        local now = {}
+        for j = 1, 4 * n do now[j] = string.format('%d', rates[j]) end
+        more = table.concat(now, ' ')
+      end
       return --[[@reply_hash_rates]]
     end
     return --[[@reply_hash]]

@@ -1,5 +1,6 @@
 -- Fixed window: at most rate permits per window of interval, windows aligned
--- to the Unix epoch so every instance agrees where one starts.
+-- to the Unix epoch so every instance agrees where one starts; or, for a
+-- calendar rate, the calendar's windows, whose edges Go sends (calendar.go).
 -- State: fields window (its start in ms) and count (permits granted in it),
 -- or a flat state 'window count'; they expire with their window. Sections: see common.lua.
 
@@ -22,6 +23,21 @@ s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
 -- kept in ms, not as an index, so that it stays meaningful across an
 -- interval change.
 local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
+-- A calendar rate's window is the one of the three Go sent that holds now;
+-- its interval, that window's length. Clocks a whole window apart refuse.
+local edges = calendar and calendar[K]
+if edges then
+  start = nil
+  for e = 1, 3 do
+    if NOW_MS >= edges[e] and NOW_MS < edges[e + 1] then
+      start, interval = edges[e], edges[e + 1] - edges[e]
+    end
+  end
+  if not start then
+    error(string.format('REDLIMIT clock at %d ms is outside the calendar windows the client sent, %d to %d ms',
+      NOW_MS, edges[1], edges[4]), 0)
+  end
+end
 if s1 or s2 then
   stored_start = tonumber(s1 or '')
   local stored_count = tonumber(s2 or '')
@@ -30,7 +46,15 @@ if s1 or s2 then
     error('REDLIMIT corrupt ' .. where .. ': fields window' .. K .. ', count' .. K .. ' = '
       .. string.format('%q, %q', s1 or 'none', s2 or 'none'), 0)
   end
-  if stored_start - stored_start % interval >= start then
+  if edges and stored_start >= start then
+    -- Counted in now's window or a later one (see above), as a start of
+    -- another calendar's may be (SetRate keeps the usage): in the one that
+    -- holds it.
+    if stored_start >= edges[3] then
+      start, interval = edges[3], edges[4] - edges[3]
+    end
+    count = stored_count
+  elseif not edges and stored_start - stored_start % interval >= start then
     start, count = stored_start - stored_start % interval, stored_count
   end
 end

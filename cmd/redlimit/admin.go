@@ -132,10 +132,12 @@ var (
 	// hashFields is what ls and locate read of a limiter's hash: the
 	// config fields in Config's order, then the algorithm, then state,
 	// then the further rates (Config.More; absent with one rate), then an
-	// in-flight limit's config (InFlightConfig).
-	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts", "more", "limit", "ttl"}
+	// in-flight limit's config (InFlightConfig), then the rates that follow
+	// the calendar ("place=spec", ',' between them; see Calendar).
+	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts", "more", "limit", "ttl", "calendar"}
 	// Where the fields read by name are in HMGET's reply.
 	fieldAlgorithm, fieldMore = slices.Index(hashFields, "algorithm"), slices.Index(hashFields, "more")
+	fieldCalendar             = slices.Index(hashFields, "calendar")
 	fieldLimit, fieldTTL      = slices.Index(hashFields, "limit"), slices.Index(hashFields, "ttl")
 )
 
@@ -375,23 +377,26 @@ type configJSON struct {
 	Burst       int64  `json:"burst"`
 	Buckets     int    `json:"buckets"`
 	KeepAliveMS int64  `json:"keep_alive_ms"`
+	// Calendar: windows that follow the calendar (Calendar.MarshalText), absent for none.
+	Calendar redlimit.Calendar `json:"calendar,omitzero"`
 	// More are the further rates (Config.And), absent with one rate.
 	More []rateJSON `json:"more,omitempty"`
 }
 
 // rateJSON is a further rate: of those, only these fields count.
 type rateJSON struct {
-	Rate       int64 `json:"rate"`
-	IntervalMS int64 `json:"interval_ms"`
-	Burst      int64 `json:"burst"`
-	Buckets    int   `json:"buckets"`
+	Rate       int64             `json:"rate"`
+	IntervalMS int64             `json:"interval_ms"`
+	Burst      int64             `json:"burst"`
+	Buckets    int               `json:"buckets"`
+	Calendar   redlimit.Calendar `json:"calendar,omitzero"`
 }
 
 func toJSON(cfg redlimit.Config) *configJSON {
 	c := &configJSON{Type: cfg.Type.String(), Rate: cfg.Rate, IntervalMS: cfg.Interval.Milliseconds(),
-		Burst: cfg.Burst, Buckets: cfg.Buckets, KeepAliveMS: cfg.KeepAlive.Milliseconds()}
+		Burst: cfg.Burst, Buckets: cfg.Buckets, KeepAliveMS: cfg.KeepAlive.Milliseconds(), Calendar: cfg.Calendar}
 	for _, r := range cfg.More {
-		c.More = append(c.More, rateJSON{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds(), Burst: r.Burst, Buckets: r.Buckets})
+		c.More = append(c.More, rateJSON{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds(), Burst: r.Burst, Buckets: r.Buckets, Calendar: r.Calendar})
 	}
 	return c
 }
@@ -658,7 +663,7 @@ func (r limiterReport) binds(u limitUsage) string {
 		return ""
 	}
 	cfg := fromJSON(c)
-	bound := redlimit.Config{Rate: cfg.Rate, Interval: cfg.Interval, Burst: cfg.Burst, Buckets: cfg.Buckets}
+	bound := redlimit.Config{Rate: cfg.Rate, Interval: cfg.Interval, Burst: cfg.Burst, Buckets: cfg.Buckets, Calendar: cfg.Calendar}
 	if u.Bound > 0 {
 		bound = cfg.More[u.Bound-1]
 	}
@@ -683,12 +688,12 @@ func (u limitUsage) String() string {
 
 func fromJSON(c *configJSON) redlimit.Config {
 	cfg := redlimit.Config{Rate: c.Rate, Interval: time.Duration(c.IntervalMS) * time.Millisecond,
-		Burst: c.Burst, Buckets: c.Buckets, KeepAlive: time.Duration(c.KeepAliveMS) * time.Millisecond}
+		Burst: c.Burst, Buckets: c.Buckets, KeepAlive: time.Duration(c.KeepAliveMS) * time.Millisecond, Calendar: c.Calendar}
 	if c.Type == redlimit.PerClient.String() {
 		cfg.Type = redlimit.PerClient
 	}
 	for _, r := range c.More {
-		cfg.More = append(cfg.More, redlimit.Config{Rate: r.Rate, Interval: time.Duration(r.IntervalMS) * time.Millisecond, Burst: r.Burst, Buckets: r.Buckets})
+		cfg.More = append(cfg.More, redlimit.Config{Rate: r.Rate, Interval: time.Duration(r.IntervalMS) * time.Millisecond, Burst: r.Burst, Buckets: r.Buckets, Calendar: r.Calendar})
 	}
 	return cfg
 }

@@ -352,6 +352,10 @@ func keysUnder(t *testing.T, rdb redis.UniversalClient, prefix string) []string 
 // TestLs: every kind of limiter ls should list, and the keys it should not.
 func TestLs(t *testing.T) {
 	ctx := context.Background()
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
 	eachServer(t, func(t *testing.T, s server) {
 		prefix := newPrefix()
 		client := redlimit.New(s.rdb, redlimit.WithPrefix(prefix), redlimit.WithClientID("host:1"))
@@ -366,6 +370,7 @@ func TestLs(t *testing.T) {
 			"{g}:h":  {client.TokenBucket("{g}:h"), redlimit.PerHour(1)},
 			"user:1": {client.FixedWindow("user:1"), redlimit.PerMinute(60)},
 			"user:2": {client.FixedWindow("user:2"), redlimit.PerMinute(60)},
+			"cal":    {client.FixedWindow("cal"), redlimit.PerMinute(5).And(redlimit.PerMonthFrom(100, berlin, 31))},
 		}
 		for _, x := range stored {
 			if err := x.l.SetRate(ctx, x.cfg); err != nil {
@@ -394,7 +399,7 @@ func TestLs(t *testing.T) {
 			}
 		})
 		// f, a token bucket on a default, is listed by its state keys.
-		if want := []string{"a", "b", "c", "d", "e", "f", "user:1", "user:2", "{g}:h"}; !slices.Equal(names, want) {
+		if want := []string{"a", "b", "c", "cal", "d", "e", "f", "user:1", "user:2", "{g}:h"}; !slices.Equal(names, want) {
 			t.Errorf("ls: %q, want %q", names, want)
 		}
 		for name, x := range stored {
@@ -408,6 +413,9 @@ func TestLs(t *testing.T) {
 		if e := got["e"]; e.Algorithm != "fixed_window" || e.Config != nil {
 			t.Errorf("e: %+v", e)
 		}
+		if out, want := s.must(t, prefix, "ls", "cal"), "5 per 1m0s and 100 per month from day 31 in Europe/Berlin"; !strings.Contains(out, want) {
+			t.Errorf("ls cal: %q, want %q in it", out, want)
+		}
 		if out := s.must(t, prefix, "ls", "e"); !strings.Contains(out, "none stored (runs on its handles' default)") {
 			t.Errorf("ls e: %q", out)
 		}
@@ -419,8 +427,8 @@ func TestLs(t *testing.T) {
 		if got := s.ls(t, prefix, "user:*"); len(got) != 2 || got["user:1"].Name == "" || got["user:2"].Name == "" {
 			t.Errorf("ls user:*: %+v", got)
 		}
-		if got := s.ls(t, prefix, "--count", "1"); len(got) != 9 {
-			t.Errorf("ls --count 1: %d limiters, want 9", len(got))
+		if got := s.ls(t, prefix, "--count", "1"); len(got) != 10 {
+			t.Errorf("ls --count 1: %d limiters, want 10", len(got))
 		}
 	})
 }

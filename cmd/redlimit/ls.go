@@ -424,6 +424,27 @@ func storedConfig(f []any) (redlimit.Config, error) {
 		}
 		cfg.More = append(cfg.More, redlimit.Config{Rate: r[0], Interval: time.Duration(r[1]) * time.Millisecond, Burst: r[2], Buckets: int(r[3])})
 	}
+	// The calendar rates: "place=spec", place 1 for the config's own rate.
+	calendars, _ := f[fieldCalendar].(string)
+	for item := range strings.SplitSeq(calendars, ",") {
+		if item == "" {
+			continue
+		}
+		place, spec, _ := strings.Cut(item, "=")
+		var cal redlimit.Calendar
+		i, err := strconv.Atoi(place)
+		if err == nil {
+			err = cal.UnmarshalText([]byte(spec))
+		}
+		switch {
+		case err != nil || i < 1 || i > 1+len(cfg.More):
+			return redlimit.Config{}, fmt.Errorf("field calendar = %q", calendars)
+		case i == 1:
+			cfg.Calendar = cal
+		default:
+			cfg.More[i-2].Calendar = cal
+		}
+	}
 	return cfg, nil
 }
 

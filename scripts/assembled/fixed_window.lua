@@ -1,14 +1,15 @@
 -- Declared by script.go's header, from Go.
-local OP, NOW, PERMITS, CONFIG, ID, LOG_WINDOW, CLIENT_ID, OTHERS = 1, 2, 3, 4, 5, 6, 7, 8 -- ARGV's
+local OP, NOW, PERMITS, CONFIG, CALENDAR, ID, LOG_WINDOW, CLIENT_ID, OTHERS = 1, 2, 3, 4, 5, 6, 7, 8, 9 -- ARGV's
 local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = 4, 10, 1000
 local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by its place in the config
-local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS = 'fixed_window', 1, true, false, false, false
+local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS, CALENDAR_RATES = 'fixed_window', 1, true, false, false, false, true
 local REGISTRY, REQUESTS = 2, 3 -- KEYS': the client registry, the request log
 -- The decision skeleton. script.go assembles one script per algorithm: a
 -- header from Go (script.go's header: the algorithm's stored name, ALGORITHM;
 -- its state keys per client, N; whether its Overall state is fields of
 -- KEYS[1], IN_CONFIG; whether its grants carry the request id, RECORDS;
--- whether it has a burst or buckets, BURST and BUCKETS; and config.go's
+-- whether it has a burst or buckets, BURST and BUCKETS, or calendar rates,
+-- CALENDAR_RATES; and config.go's
 -- bounds: MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS, and RATE_SUFFIX, each
 -- rate's state field suffix; the positions of the arguments, OP … OTHERS,
 -- and of the keys, REGISTRY and REQUESTS, as Go sends them), this file and
@@ -37,7 +38,7 @@ local REGISTRY, REQUESTS = 2, 3 -- KEYS': the client registry, the request log
 -- KEYS[REGISTRY]  client registry: zset of PerClient ids, score = last grant in ms
 -- KEYS[REQUESTS]  request log: zset of recent request ids, score = when forgotten in ms
 -- KEYS[REQUESTS + 1 ..]  this client's state keys, N of them (one when
---          IN_CONFIG: a hash), then those of each client named in ARGV[8 ..]
+--          IN_CONFIG: a hash), then those of each client named in ARGV[OTHERS ..]
 --          (see admin.lua's state_keys)
 -- Every key costs the call about as much as a small command, so a decision
 -- is sent with KEYS[1 .. REGISTRY - 1] only, unless its handle knows the
@@ -49,17 +50,23 @@ local REGISTRY, REQUESTS = 2, 3 -- KEYS': the client registry, the request log
 -- ARGV[2]  NOW: now in µs, or '' to read Redis TIME
 -- ARGV[3]  PERMITS: permits (allow, release) or milliseconds (expire)
 -- ARGV[4]  CONFIG: the handle's config: '' (the stored one only) or 'SOURCE rate
---          interval-ms type burst buckets keep-alive-ms [MORE]', which Go has
---          checked; SOURCE is default (while none is stored; defer: the
---          same, from a handle whose last decision found a hash), fixed
---          (whatever is stored: Throttle) or new (SetRate); MORE, the config's further
---          rates as the hash's field more keeps them: 'rate interval-ms burst
---          buckets' each, space-separated
--- ARGV[5]  ID: request id: the token bucket's record, the request log's entry
+--          interval-ms type burst buckets keep-alive-ms [@CALENDARS] [MORE]',
+--          which Go has checked; SOURCE is default (while none is stored;
+--          defer: the same, from a handle whose last decision found a hash),
+--          fixed (whatever is stored: Throttle) or new (SetRate); CALENDARS,
+--          its rates that follow the calendar as the hash's field calendar
+--          keeps them (config.go's calendars: 'place=period:anchor:zone',
+--          ',' between them); MORE, the config's further rates as the
+--          hash's field more keeps them: 'rate interval-ms burst buckets'
+--          each, space-separated
+-- ARGV[5]  CALENDAR: for a config with calendar rates, 'CALENDARS' and for
+--          each of them the edges of three windows in ms, around the
+--          client's clock (calendar.go); '' or absent for none
+-- ARGV[6]  ID: request id: the token bucket's record, the request log's entry
 --          (a decision that needs none is sent without it)
--- ARGV[6]  LOG_WINDOW: how long the request log keeps an id, ms; '' for no log
--- ARGV[7]  CLIENT_ID: client id (ARGV[6 .. 7] are sent with the whole key list only)
--- ARGV[8 ..]  OTHERS: other clients' ids (admin ops)
+-- ARGV[7]  LOG_WINDOW: how long the request log keeps an id, ms; '' for no log
+-- ARGV[8]  CLIENT_ID: client id (ARGV[7 .. 8] are sent with the whole key list only)
+-- ARGV[9 ..]  OTHERS: other clients' ids (admin ops)
 --
 -- An algorithm's sections share these locals with the skeleton:
 --   rate, interval (ms), kind (0 Overall, 1 PerClient), burst, buckets,
@@ -162,6 +169,9 @@ local function decide(KEYS, ARGV)
   local rate, interval, kind, burst, buckets, keepalive, stored
   -- shadow: 1 when the stored config's limiter is in shadow mode (SetShadow).
   local shadow = 0
+  -- spec: the config's calendar rates (CALENDARS above), or nil; calendar:
+  -- their windows' edges, { b0, b1, b2, b3 } by their state fields' K.
+  local spec, calendar = nil, nil
   -- K: the suffix of a rate's state fields, '' for the config's own rate.
   local K = ''
 
@@ -204,7 +214,7 @@ local function decide(KEYS, ARGV)
   end
   if not flat and not none then
     f = redis.pcall('HMGET', KEYS[1], 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more', 'shadow'
-      --[[ own_config ]] --[[ fields ]] , 'window' .. K, 'count' .. K)
+      --[[ own_config ]] , 'calendar'--[[ fields ]] , 'window' .. K, 'count' .. K)
     if not f.err then
       stored = f[1] or f[2] or f[5]
     elseif redis.call('TYPE', KEYS[1]).ok == 'string' then
@@ -221,7 +231,7 @@ local function decide(KEYS, ARGV)
     if flat == ALGORITHM then flat, none, marked = nil, true, true else foreign = true end
   end
   local ok, more = not stored and ARGV[CONFIG] ~= '' and not foreign, nil
-  local S = (BURST or BUCKETS) and 9 or 8 -- the first state field
+  local S = (BURST or BUCKETS or CALENDAR_RATES) and 9 or 8 -- the first state field
   -- A default that found a hash with neither config nor state of its own
   -- (its first rate's): a defer sees whether KEYS[1] is there at all, and if
   -- not, writes the state flat, and the short reply sends the handle back
@@ -239,7 +249,7 @@ local function decide(KEYS, ARGV)
     -- The same checks as admin.lua's stored_config, which names the culprit.
     rate, interval, kind, keepalive = tonumber(f[1]), tonumber(f[2]), tonumber(f[3] or 0), tonumber(f[4] or 0)
     burst, buckets = 0, 0
-    if BURST then burst = tonumber(f[8] or 0) elseif BUCKETS then buckets = tonumber(f[8] or 0) end
+    if BURST then burst = tonumber(f[8] or 0) elseif BUCKETS then buckets = tonumber(f[8] or 0) elseif CALENDAR_RATES and f[8] and f[8] ~= '' then spec = f[8] end
     ok = rate and interval and kind and burst and buckets and keepalive
         and rate % 1 + interval % 1 + kind % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
         and rate >= 1 and rate <= (RECORDS and 4294967295 or MAX) and interval >= 1 and interval <= MAX and (kind == 0 or kind == 1)
@@ -255,9 +265,13 @@ local function decide(KEYS, ARGV)
   if ok and ARGV[CONFIG] ~= '' and (not stored or string.sub(ARGV[CONFIG], 1, 6) == 'fixed ') then
     local parsed = configs and configs[ARGV[CONFIG]]
     if parsed then
-      rate, interval, more, kind, burst, buckets, keepalive = unpack(parsed)
+      rate, interval, more, kind, burst, buckets, keepalive, spec = unpack(parsed)
     else
       local r, i, options, rest = string.match(ARGV[CONFIG], '^%a+ (%d+) (%d+) (%d+ %d+ %d+ %d+) ?(.*)$')
+      spec = nil
+      if string.byte(rest, 1) == 64 then -- '@': calendar rates
+        spec, rest = string.match(rest, '^@(%S+) ?(.*)$')
+      end
       rate, interval, more = r + 0, i + 0, rest
       kind, burst, buckets, keepalive = 0, 0, 0, 0
       if options ~= '0 0 0 0' then -- Overall, no burst, buckets or keep-alive: most defaults
@@ -265,7 +279,7 @@ local function decide(KEYS, ARGV)
         kind, burst, buckets, keepalive = t + 0, b + 0, bk + 0, ka + 0
       end
       if configs then
-        configs[ARGV[CONFIG]] = { rate, interval, more, kind, burst, buckets, keepalive }
+        configs[ARGV[CONFIG]] = { rate, interval, more, kind, burst, buckets, keepalive, spec }
       end
     end
   end
@@ -300,6 +314,22 @@ local function decide(KEYS, ARGV)
   end
   if ok and kind == 1 and not KEYS[REGISTRY] then
     return 'perclient' -- sent with the short key list: see KEYS above
+  end
+  -- Calendar rates count in windows whose edges Go sent (ARGV[CALENDAR]);
+  -- a request that sent none, or another config's, is told which to send.
+  ok = ok and (not spec or CALENDAR_RATES)
+  if ok and spec then
+    local given, edges = string.match(ARGV[CALENDAR] or '', '^(%S+) (.*)$')
+    if given ~= spec then
+      return 'calendar ' .. spec
+    end
+    local list, at = {}, 0
+    for edge in string.gmatch(edges, '%d+') do list[#list + 1] = edge + 0 end
+    calendar = {}
+    for place in string.gmatch(spec, '(%d+)=') do
+      calendar[RATE_SUFFIX[place + 0]] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
+      at = at + 4
+    end
   end
   if ok then
     if burst == 0 then burst = rate end
@@ -346,6 +376,21 @@ s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
 -- kept in ms, not as an index, so that it stays meaningful across an
 -- interval change.
 local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
+-- A calendar rate's window is the one of the three Go sent that holds now;
+-- its interval, that window's length. Clocks a whole window apart refuse.
+local edges = calendar and calendar[K]
+if edges then
+  start = nil
+  for e = 1, 3 do
+    if NOW_MS >= edges[e] and NOW_MS < edges[e + 1] then
+      start, interval = edges[e], edges[e + 1] - edges[e]
+    end
+  end
+  if not start then
+    error(string.format('REDLIMIT clock at %d ms is outside the calendar windows the client sent, %d to %d ms',
+      NOW_MS, edges[1], edges[4]), 0)
+  end
+end
 if s1 or s2 then
   stored_start = tonumber(s1 or '')
   local stored_count = tonumber(s2 or '')
@@ -354,7 +399,15 @@ if s1 or s2 then
     error('REDLIMIT corrupt ' .. where .. ': fields window' .. K .. ', count' .. K .. ' = '
       .. string.format('%q, %q', s1 or 'none', s2 or 'none'), 0)
   end
-  if stored_start - stored_start % interval >= start then
+  if edges and stored_start >= start then
+    -- Counted in now's window or a later one (see above), as a start of
+    -- another calendar's may be (SetRate keeps the usage): in the one that
+    -- holds it.
+    if stored_start >= edges[3] then
+      start, interval = edges[3], edges[4] - edges[3]
+    end
+    count = stored_count
+  elseif not edges and stored_start - stored_start % interval >= start then
     start, count = stored_start - stored_start % interval, stored_count
   end
 end
@@ -404,6 +457,21 @@ s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
 -- kept in ms, not as an index, so that it stays meaningful across an
 -- interval change.
 local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
+-- A calendar rate's window is the one of the three Go sent that holds now;
+-- its interval, that window's length. Clocks a whole window apart refuse.
+local edges = calendar and calendar[K]
+if edges then
+  start = nil
+  for e = 1, 3 do
+    if NOW_MS >= edges[e] and NOW_MS < edges[e + 1] then
+      start, interval = edges[e], edges[e + 1] - edges[e]
+    end
+  end
+  if not start then
+    error(string.format('REDLIMIT clock at %d ms is outside the calendar windows the client sent, %d to %d ms',
+      NOW_MS, edges[1], edges[4]), 0)
+  end
+end
 if s1 or s2 then
   stored_start = tonumber(s1 or '')
   local stored_count = tonumber(s2 or '')
@@ -412,11 +480,20 @@ if s1 or s2 then
     error('REDLIMIT corrupt ' .. where .. ': fields window' .. K .. ', count' .. K .. ' = '
       .. string.format('%q, %q', s1 or 'none', s2 or 'none'), 0)
   end
-  if stored_start - stored_start % interval >= start then
+  if edges and stored_start >= start then
+    -- Counted in now's window or a later one (see above), as a start of
+    -- another calendar's may be (SetRate keeps the usage): in the one that
+    -- holds it.
+    if stored_start >= edges[3] then
+      start, interval = edges[3], edges[4] - edges[3]
+    end
+    count = stored_count
+  elseif not edges and stored_start - stored_start % interval >= start then
     start, count = stored_start - stored_start % interval, stored_count
   end
 end
 local ends = (start + interval) * 1000
+        if calendar then rates[j + 2] = interval end -- a calendar window's own length (load)
         states[2 * i - 1], states[2 * i] = s1, s2
         local limit = --[[ capacity ]] rate
         if decide and retry ~= -1 then
@@ -500,6 +577,21 @@ end
 -- kept in ms, not as an index, so that it stays meaningful across an
 -- interval change.
 local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
+-- A calendar rate's window is the one of the three Go sent that holds now;
+-- its interval, that window's length. Clocks a whole window apart refuse.
+local edges = calendar and calendar[K]
+if edges then
+  start = nil
+  for e = 1, 3 do
+    if NOW_MS >= edges[e] and NOW_MS < edges[e + 1] then
+      start, interval = edges[e], edges[e + 1] - edges[e]
+    end
+  end
+  if not start then
+    error(string.format('REDLIMIT clock at %d ms is outside the calendar windows the client sent, %d to %d ms',
+      NOW_MS, edges[1], edges[4]), 0)
+  end
+end
 if s1 or s2 then
   stored_start = tonumber(s1 or '')
   local stored_count = tonumber(s2 or '')
@@ -508,7 +600,15 @@ if s1 or s2 then
     error('REDLIMIT corrupt ' .. where .. ': fields window' .. K .. ', count' .. K .. ' = '
       .. string.format('%q, %q', s1 or 'none', s2 or 'none'), 0)
   end
-  if stored_start - stored_start % interval >= start then
+  if edges and stored_start >= start then
+    -- Counted in now's window or a later one (see above), as a start of
+    -- another calendar's may be (SetRate keeps the usage): in the one that
+    -- holds it.
+    if stored_start >= edges[3] then
+      start, interval = edges[3], edges[4] - edges[3]
+    end
+    count = stored_count
+  elseif not edges and stored_start - stored_start % interval >= start then
     start, count = stored_start - stored_start % interval, stored_count
   end
 end
@@ -654,7 +754,7 @@ end
     -- default reply has allowed, remaining, retry, reset, and the bound
     -- with several rates. Its kind also tells the client that its next
     -- decision finds no hash (source default, not defer).
-    if not stored and d == 100 and not (IN_CONFIG and f) then
+    if not stored and d == 100 and not (IN_CONFIG and f) and not calendar then
       if rates then
         return --[[ reply_default_rates ]] string.format('d %d %d %d %d %d', allowed, remaining, retry, reset, bound)
       end
@@ -663,6 +763,12 @@ end
     local window = limit * interval / rate
     window = window + (-window) % 1
     if rates then
+      if calendar then
+        -- The further rates as they are now: a calendar window's length.
+        local now = {}
+        for j = 1, 4 * n do now[j] = string.format('%d', rates[j]) end
+        more = table.concat(now, ' ')
+      end
       return --[[ reply_hash_rates ]] string.format('h %d %d %d %d %d %d %d %d ', allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
     end
     return --[[ reply_hash ]] string.format('h %d %d %d %d %d %d %d', allowed, limit, remaining, retry, reset, window, shadow)
@@ -748,6 +854,12 @@ local function stored_config(f)
       fail('corrupt ' .. key .. ': field more = ' .. string.format('%q', f[8]))
     end
     cfg.more = f[8]
+  end
+  if f[12] and f[12] ~= '' then
+    if not CALENDAR_RATES or not string.find(f[12], '^%d=%a+:%d+:[%w_/%+%-]+') then
+      fail('corrupt ' .. key .. ': field calendar = ' .. string.format('%q', f[12]))
+    end
+    cfg.calendar = f[12]
   end
   return cfg
 end
@@ -874,7 +986,7 @@ local function owned()
     return nil
   end
   local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm', 'more', 'tat', 'window', 'counts')
+    'algorithm', 'more', 'tat', 'window', 'counts', 'calendar')
   local config = f[1] or f[2] or f[7]
   -- State fields without a config: Throttle's funnel writes them.
   local other = config and (f[7] or 'tokenbucket') or f[9] and 'funnel' or f[10] and 'fixed_window'
@@ -905,13 +1017,17 @@ end
 -- algorithm's helpers read.
 local function config()
   local given = { string.match(ARGV[CONFIG], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
+  local calendars = nil
+  if given[8] and string.byte(given[8], 1) == 64 then -- '@': calendar rates (common.lua's CONFIG)
+    calendars, given[8] = string.match(given[8], '^@(%S+) ?(.*)$')
+  end
   local source, cfg = given[1], nil
   local old = read_config()
   if old and source ~= 'fixed' and source ~= 'new' then
     cfg = old
   elseif source then
     cfg = { rate = given[2] + 0, interval = given[3] + 0, type = given[4] + 0, burst = given[5] + 0,
-      buckets = given[6] + 0, keepalive = given[7] + 0, more = given[8] ~= '' and given[8] or nil }
+      buckets = given[6] + 0, keepalive = given[7] + 0, more = given[8] ~= '' and given[8] or nil, calendar = calendars }
   else
     fail('not initialized ' .. KEYS[1])
   end
@@ -928,7 +1044,7 @@ if op == 'allow' or op == 'release' or op == 'charge' then
 end
 
 -- state_keys returns a group's state keys: group 0 holds the Overall state,
--- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[8 ..].
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[OTHERS ..].
 -- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
 -- and each client's in one key. See common.lua for the order of KEYS.
 local function state_keys(group)
@@ -997,7 +1113,7 @@ local function write_config(cfg)
   if ALGORITHM ~= 'tokenbucket' then
     redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
   end
-  for _, field in ipairs({ 'burst', 'buckets', 'more' }) do
+  for _, field in ipairs({ 'burst', 'buckets', 'more', 'calendar' }) do
     if cfg[field] == 0 or cfg[field] == nil then
       redis.call('HDEL', KEYS[1], field)
     else
@@ -1029,7 +1145,7 @@ end
 if op == 'get' then
   local cfg = read_config()
   if not cfg then return {} end
-  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive, cfg.more or '' }
+  return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive, cfg.more or '', cfg.calendar or '' }
 end
 if op == 'ttl' then
   local ttl = redis.call('PTTL', KEYS[1])
