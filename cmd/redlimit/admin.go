@@ -309,7 +309,7 @@ func (a *admin) limiter(ctx context.Context, name string) (*redlimit.Limiter, st
 // configFlags are set's flags, and get's for the default to assume.
 type configFlags struct {
 	rate      int64
-	per       time.Duration
+	per       period
 	burst     int64
 	buckets   int
 	perClient bool
@@ -319,7 +319,7 @@ type configFlags struct {
 
 func (c *configFlags) add(fs *flag.FlagSet, what string) {
 	fs.Int64Var(&c.rate, "rate", 0, "permits per --per"+what)
-	fs.DurationVar(&c.per, "per", 0, "the interval, e.g. 1s, 1m"+what)
+	fs.Var(&c.per, "per", "the interval, e.g. 1s, 1m, or a fixed window's calendar period: day:0:ZONE, week:1:ZONE (from Monday), month:31:ZONE (from the 31st)"+what)
 	fs.Int64Var(&c.burst, "burst", 0, "funnel only: its capacity (default the rate)")
 	fs.IntVar(&c.buckets, "buckets", 0, "sliding window only: sub-windows per interval (default 10)")
 	fs.BoolVar(&c.perClient, "per-client", false, "a separate limit for each client ID (Type PerClient)")
@@ -328,7 +328,7 @@ func (c *configFlags) add(fs *flag.FlagSet, what string) {
 	fs.Var(&c.more, "and", "a further rate, N/PERIOD[,burst=B][,buckets=K] such as 1000/1h; repeat for more (Config.And)")
 }
 
-func (c *configFlags) given() bool { return c.rate != 0 || c.per != 0 }
+func (c *configFlags) given() bool { return c.rate != 0 || c.per != (period{}) }
 
 // rateFlags are configFlags' names: a rate's, none an in-flight limit's.
 var rateFlags = []string{"rate", "per", "burst", "buckets", "per-client", "keep-alive", "and"}
@@ -361,7 +361,8 @@ func (c *configFlags) missing(fs *flag.FlagSet) string {
 }
 
 func (c *configFlags) config() redlimit.Config {
-	cfg := redlimit.Config{Rate: c.rate, Interval: c.per, Burst: c.burst, Buckets: c.buckets, KeepAlive: c.keepAlive}
+	cfg := c.per.rate(c.rate)
+	cfg.Burst, cfg.Buckets, cfg.KeepAlive = c.burst, c.buckets, c.keepAlive
 	if c.perClient {
 		cfg.Type = redlimit.PerClient
 	}
@@ -745,9 +746,9 @@ remain. The rate flags do not go with these.
 	// Ranges before dialling; the fields an algorithm uses once it is known.
 	common := c.config()
 	for i := range common.More {
-		common.More[i].Burst, common.More[i].Buckets = 0, 0
+		common.More[i].Burst, common.More[i].Buckets, common.More[i].Calendar = 0, 0, redlimit.Calendar{}
 	}
-	common.Burst, common.Buckets = 0, 0
+	common.Burst, common.Buckets, common.Calendar = 0, 0, redlimit.Calendar{}
 	if err := redlimit.New(nil).TokenBucket(pos[0]).Validate(common); err != nil {
 		return invalid(a.fs, "%v", err)
 	}

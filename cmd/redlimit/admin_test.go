@@ -825,6 +825,48 @@ func TestSeveralRates(t *testing.T) {
 	})
 }
 
+// Calendar quotas from the command line: --per and --and take a calendar
+// period as Calendar writes it; get and ls print it; an algorithm with no
+// windows refuses it, storing nothing.
+func TestCalendarRates(t *testing.T) {
+	ctx := context.Background()
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eachServer(t, func(t *testing.T, s server) {
+		prefix := newPrefix()
+		s.must(t, prefix, "set", "api", "--rate", "10", "--per", "1s", "--and", "10000/month:31:America/New_York", "--algorithm", "fixed_window")
+		want := redlimit.PerSecond(10).And(redlimit.PerMonthFrom(10000, ny, 31))
+		l := redlimit.New(s.rdb, redlimit.WithPrefix(prefix)).FixedWindow("api")
+		if cfg, err := l.Config(ctx); err != nil || cfg.String() != want.String() {
+			t.Fatalf("stored %v %v, want %v", cfg, err, want)
+		}
+		if text := s.must(t, prefix, "get", "api"); !strings.Contains(text, "10 per 1s and 10000 per month from day 31 in America/New_York  (stored)") {
+			t.Errorf("get:\n%s", text)
+		}
+		if rep := s.get(t, prefix, "api"); rep.Config == nil || len(rep.Config.More) != 1 || rep.Config.More[0].Calendar.String() != "month from day 31 in America/New_York" {
+			t.Errorf("get --json: %+v", rep.Config)
+		}
+		s.must(t, prefix, "set", "daily", "--rate", "100", "--per", "day:0:Europe/Berlin", "--algorithm", "fixed_window")
+		if listed := s.must(t, prefix, "ls", "daily"); !strings.Contains(listed, "100 per day in Europe/Berlin") {
+			t.Errorf("ls: %q", listed)
+		}
+		for _, args := range [][]string{
+			{"set", "f", "--rate", "100", "--per", "day:0:Europe/Berlin", "--algorithm", "funnel"},
+			{"set", "g", "--rate", "100", "--per", "day:0:Mars/Olympus"},
+			{"set", "h", "--rate", "1", "--per", "1s", "--and", "5/month:32:UTC", "--algorithm", "fixed_window"},
+		} {
+			if code, _, _ := s.command(t, prefix, args[0], args[1:]...); code == exitOK {
+				t.Errorf("%q: accepted", args)
+			}
+		}
+		if got := s.ls(t, prefix); len(got) != 2 {
+			t.Errorf("ls: %d limiters, want 2 (nothing stored for the refused)", len(got))
+		}
+	})
+}
+
 // A flat state tells its algorithm by its shape, one part per rate.
 func TestFlatAlgorithm(t *testing.T) {
 	for value, want := range map[string]string{

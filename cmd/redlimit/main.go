@@ -22,6 +22,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -370,11 +371,11 @@ func (m *moreRates) Set(arg string) error {
 	if err != nil {
 		return fmt.Errorf("rate %q is not an integer", n)
 	}
-	interval, err := parsePeriod(per)
-	if err != nil {
+	var p period
+	if err := p.Set(per); err != nil {
 		return fmt.Errorf("period %q: %v", per, err)
 	}
-	cfg := redlimit.Config{Rate: rate, Interval: interval}
+	cfg := p.rate(rate)
 	if hasOpts && !m.options {
 		return fmt.Errorf("want N/PERIOD, such as 1000/1h: %q has options", arg)
 	}
@@ -396,4 +397,42 @@ func (m *moreRates) Set(arg string) error {
 	}
 	m.rates = append(m.rates, cfg)
 	return nil
+}
+
+// period is a rate's --per (or an --and rate's PERIOD): a duration, or a
+// calendar period as redlimit.Calendar writes it (month:31:America/New_York).
+type period struct {
+	d   time.Duration
+	cal redlimit.Calendar
+}
+
+func (p *period) Set(s string) error {
+	if strings.Contains(s, ":") {
+		*p = period{}
+		return p.cal.UnmarshalText([]byte(s))
+	}
+	d, err := parsePeriod(s)
+	*p = period{d: d}
+	return err
+}
+
+func (p *period) String() string {
+	if p.cal.Period != 0 {
+		text, _ := p.cal.MarshalText()
+		return string(text)
+	}
+	return p.d.String()
+}
+
+// rate returns n permits per p.
+func (p period) rate(n int64) redlimit.Config {
+	switch c := p.cal; c.Period {
+	case redlimit.Daily:
+		return redlimit.PerDay(n, c.Location)
+	case redlimit.Weekly:
+		return redlimit.PerWeek(n, c.Location, c.Weekday)
+	case redlimit.Monthly:
+		return redlimit.PerMonthFrom(n, c.Location, c.Day)
+	}
+	return redlimit.Config{Rate: n, Interval: p.d}
 }
