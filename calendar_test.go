@@ -320,3 +320,21 @@ func TestCalendarEveryWindow(t *testing.T) {
 		}
 	})
 }
+
+// A calendar field that no client wrote is corrupt state: a rate the config
+// does not have, a zone that does not load, or garbage.
+func TestCalendarCorrupt(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		for _, field := range []string{"2=day:0:UTC", "1=day:0:Mars/Olympus", "1=fortnight:0:UTC", "x"} {
+			clk, name := newClock(), uniqueName(t)
+			l := newClient(rdb, clk).FixedWindow(name)
+			require.NoError(t, l.SetRate(ctx, PerDay(5, time.UTC)))
+			require.NoError(t, rdb.HSet(ctx, l.Name(), "calendar", field).Err())
+			_, err := l.Allow(ctx, 1)
+			assert.ErrorIs(t, err, ErrCorruptState, field)
+			_, err = newClient(rdb, clk).FixedWindow(name).Config(ctx)
+			assert.ErrorIs(t, err, ErrCorruptState, "%s: Config", field)
+		}
+	})
+}

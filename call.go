@@ -212,7 +212,7 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		// script names them, and the family sends them from now on.
 		cals, ok := newCalendarSet(s[len(calendarReply):])
 		if !ok {
-			return nil, unexpected(reply)
+			return nil, fmt.Errorf("%w: %s: field calendar = %q", ErrCorruptState, l.name, s[len(calendarReply):])
 		}
 		l.family.calendars.Store(cals)
 		req.calendarLearnt = true

@@ -610,7 +610,7 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 	if s, _ := f[7].(string); s != "" {
 		cals, ok := parseCalendars(s)
 		if !ok {
-			return Config{}, unexpected(reply)
+			return Config{}, fmt.Errorf("%w: %s: field calendar = %q", ErrCorruptState, l.name, s)
 		}
 		for _, rc := range cals {
 			if rc.place == 1 {

@@ -321,7 +321,8 @@ local function decide(KEYS, ARGV)
     for edge in string.gmatch(edges, '%d+') do list[#list + 1] = edge + 0 end
     calendar = {}
     for place in string.gmatch(spec, '(%d+)=') do
-      calendar[RATE_SUFFIX[place + 0]] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
+      ok = ok and place + 0 <= n + 1 -- a rate of the config's (admin.lua names one that is not)
+      calendar[RATE_SUFFIX[place + 0] or ''] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
       at = at + 4
     end
   end

@@ -440,7 +440,8 @@ local function decide(KEYS, ARGV)
     for edge in string.gmatch(edges, '%d+') do list[#list + 1] = edge + 0 end
     calendar = {}
     for place in string.gmatch(spec, '(%d+)=') do
-      calendar[RATE_SUFFIX[place + 0]] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
+      ok = ok and place + 0 <= n + 1 -- a rate of the config's (admin.lua names one that is not)
+      calendar[RATE_SUFFIX[place + 0] or ''] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
       at = at + 4
     end
   end
@@ -1122,7 +1123,14 @@ local function stored_config(f)
     cfg.more = f[8]
   end
   if f[12] and f[12] ~= '' then
-    if not CALENDAR_RATES or not string.find(f[12], '^%d=%a+:%d+:[%w_/%+%-]+') then
+    -- Each calendar rate is one of the config's (1 its own, 2 … more's);
+    -- the zone, Go checks when it reads the field back.
+    local _, numbers = string.gsub(cfg.more or '', '%d+', '')
+    local sound, rates = CALENDAR_RATES and string.find(f[12], '^%d=%a+:%d+:[%w_/%+%-]+'), 1 + numbers / 4
+    for place in string.gmatch(f[12], '(%d+)=') do
+      sound = sound and place + 0 >= 1 and place + 0 <= rates
+    end
+    if not sound then
       fail('corrupt ' .. key .. ': field calendar = ' .. string.format('%q', f[12]))
     end
     cfg.calendar = f[12]
