@@ -27,6 +27,9 @@ type Client struct {
 	breaker     *breaker // nil unless WithBreaker
 	families    families // see Client.limiter
 	batches     batches  // see batch.go
+	// lines: the Acquires waiting on each in-flight limit (inflight.go).
+	linesMu sync.Mutex
+	lines   map[string]*waitingLine
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any

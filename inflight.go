@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -256,14 +257,29 @@ func (l *InFlight) TryAcquire(ctx context.Context) (*Hold, error) {
 	return h, err
 }
 
-// Acquire takes a hold, waiting until one is free or ctx ends. It looks
-// again when the earliest hold expires, and every 20ms meanwhile: a holder
-// that releases early tells no one. Every attempt of one Acquire asks for
-// the same hold, so a reply lost on the way (a timeout, a re-sent script)
-// never costs a second slot; an Acquire that fails after a call that may
-// have been granted releases that hold on its way out, in the background.
-// When ctx ends first the error wraps ctx's.
+// Acquire takes a hold, waiting until one is free or ctx ends. The waiters
+// of one Client line up by name, first come first served: only the first
+// asks Redis, when the earliest hold expires, at once when a hold of this
+// Client is released, and every 20ms meanwhile (a holder elsewhere that
+// releases early tells no one); once it holds, the next asks at once. So a
+// full limit costs Redis one call per 20ms per process, however many wait.
+// Every attempt of one Acquire asks for the same hold, so a reply lost on
+// the way (a timeout, a re-sent script) never costs a second slot; an
+// Acquire that fails after a call that may have been granted releases that
+// hold on its way out, in the background. When ctx ends first the error
+// wraps ctx's.
 func (l *InFlight) Acquire(ctx context.Context) (*Hold, error) {
+	line := l.client.waitingLine(l.name)
+	turn := line.join()
+	defer l.client.leaveLine(l.name, line, turn)
+	gaveUp := func() error {
+		return fmt.Errorf("redlimit: no slot of %s came free in time: %w", l.name, context.Cause(ctx))
+	}
+	select {
+	case <-turn.ready:
+	case <-ctx.Done():
+		return nil, gaveUp()
+	}
 	id := l.newHoldID()
 	for {
 		h, wait, err := l.try(ctx, id)
@@ -274,11 +290,104 @@ func (l *InFlight) Acquire(ctx context.Context) (*Hold, error) {
 		if h != nil {
 			return h, nil
 		}
-		// The jitter spreads the waiters of one release over 5ms, so
-		// they do not all come back at once.
+		// The jitter keeps processes that wait on one limit from asking
+		// in step.
 		pause := min(wait, inFlightPoll) + rand.N(inFlightPoll/4)
-		if err := l.client.sleep(ctx, pause); err != nil {
-			return nil, fmt.Errorf("redlimit: no slot of %s came free in time: %w", l.name, context.Cause(ctx))
+		if err := line.sleep(ctx, l.client, pause); err != nil {
+			return nil, gaveUp()
+		}
+	}
+}
+
+// waitingLine is the Acquires of one Client waiting on one in-flight limit,
+// in the order they came: the first asks Redis, the others wait their
+// turn (InFlight.Acquire).
+type waitingLine struct {
+	mu      sync.Mutex
+	waiters []*waiter
+	users   int // Acquires holding the line, to drop it when none does
+	// freed wakes the first waiter early: a hold of this Client was released.
+	freed chan struct{}
+}
+
+type waiter struct {
+	ready chan struct{} // closed when it is first in line
+}
+
+// waitingLine returns the line for name, made when the first comes.
+func (c *Client) waitingLine(name string) *waitingLine {
+	c.linesMu.Lock()
+	defer c.linesMu.Unlock()
+	line := c.lines[name]
+	if line == nil {
+		if c.lines == nil {
+			c.lines = map[string]*waitingLine{}
+		}
+		line = &waitingLine{freed: make(chan struct{}, 1)}
+		c.lines[name] = line
+	}
+	line.users++
+	return line
+}
+
+// join puts a waiter at the end of the line; its ready is closed at once
+// when it is first.
+func (q *waitingLine) join() *waiter {
+	w := &waiter{ready: make(chan struct{})}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.waiters = append(q.waiters, w)
+	if len(q.waiters) == 1 {
+		close(w.ready)
+	}
+	return w
+}
+
+// leaveLine takes w out of the line (first or not) and, if it was first,
+// gives the next its turn; the line goes once no Acquire holds it.
+func (c *Client) leaveLine(name string, q *waitingLine, w *waiter) {
+	q.mu.Lock()
+	if i := slices.Index(q.waiters, w); i >= 0 {
+		q.waiters = slices.Delete(q.waiters, i, i+1)
+		if i == 0 && len(q.waiters) > 0 {
+			close(q.waiters[0].ready)
+		}
+	}
+	q.mu.Unlock()
+	c.linesMu.Lock()
+	defer c.linesMu.Unlock()
+	if q.users--; q.users == 0 {
+		delete(c.lines, name)
+	}
+}
+
+// sleep waits d (on the Client's clock), or until a hold of this Client is
+// released (freed), or ctx ends: then it returns ctx's error.
+func (q *waitingLine) sleep(ctx context.Context, c *Client, d time.Duration) error {
+	woken, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-q.freed:
+			stop()
+		case <-done:
+		}
+	}()
+	_ = c.sleep(woken, d)
+	return ctx.Err()
+}
+
+// released tells the first waiter on name, if any, that a slot came free.
+func (c *Client) released(name string) {
+	c.linesMu.Lock()
+	line := c.lines[name]
+	c.linesMu.Unlock()
+	if line != nil {
+		select {
+		case line.freed <- struct{}{}:
+		default: // told already
 		}
 	}
 }
@@ -504,6 +613,7 @@ func (h *Hold) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	h.l.client.released(h.l.name)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.freed = true

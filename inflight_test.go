@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -187,6 +188,79 @@ func TestInFlightAcquireWaits(t *testing.T) {
 		_, err = l.Acquire(gone)
 		assert.ErrorIs(t, err, context.Canceled)
 		assert.Len(t, holders(t, l), 1, "a cancelled Acquire holds nothing")
+	})
+}
+
+// The Acquires of one Client wait in line: only the first asks Redis while
+// the limit is full, a release by this Client wakes it at once, and they
+// get their holds in the order they came. A waiter whose context ends
+// leaves the line without holding up the others.
+func TestInFlightWaitersLineUp(t *testing.T) {
+	ctx := context.Background()
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		const waiters = 16
+		var tries atomic.Int64
+		c := New(rdb, WithObserver(func(d Decision) { tries.Add(1) }))
+		if p, ok := rdb.(prefixed); ok {
+			c = New(rdb, WithPrefix(p.prefix), WithObserver(func(d Decision) { tries.Add(1) }))
+		}
+		name := uniqueName(t)
+		l := c.InFlight(name).WithDefault(InFlightConfig{Limit: 1, TTL: time.Minute})
+		first := tryHold(t, l)
+		inLine := func() int {
+			c.linesMu.Lock()
+			defer c.linesMu.Unlock()
+			if line := c.lines[l.name]; line != nil {
+				line.mu.Lock()
+				defer line.mu.Unlock()
+				return len(line.waiters)
+			}
+			return 0
+		}
+		var order []int
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		quitter, quit := context.WithCancel(ctx)
+		for i := range waiters {
+			wctx := ctx
+			if i == 3 {
+				wctx = quitter // leaves the line while others wait behind it
+			}
+			wg.Go(func() {
+				h, err := l.Acquire(wctx)
+				if i == 3 {
+					assert.ErrorIs(t, err, context.Canceled)
+					return
+				}
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				order = append(order, i)
+				mu.Unlock()
+				assert.NoError(t, h.Release(ctx)) // the next one's turn, at once
+			})
+			require.Eventually(t, func() bool { return inLine() == i+1 }, 5*time.Second, time.Millisecond, "waiter %d in line", i)
+		}
+		quit()
+		require.Eventually(t, func() bool { return inLine() == waiters-1 }, 5*time.Second, time.Millisecond)
+		before := tries.Load()
+		time.Sleep(250 * time.Millisecond)
+		asked := tries.Load() - before
+		t.Logf("%d waiters asked Redis %d times in 250ms", waiters-1, asked)
+		assert.LessOrEqual(t, asked, int64(250/20+2), "only the first in line asks, every 20ms or so")
+		assert.Positive(t, asked, "the first in line asks")
+		require.NoError(t, first.Release(ctx))
+		wg.Wait()
+		want := []int{0, 1, 2}
+		for i := 4; i < waiters; i++ {
+			want = append(want, i)
+		}
+		assert.Equal(t, want, order, "first come, first served")
+		assert.Zero(t, inLine(), "the line is gone")
+		c.linesMu.Lock()
+		assert.Empty(t, c.lines)
+		c.linesMu.Unlock()
 	})
 }
 
