@@ -284,10 +284,17 @@ func (l *InFlight) Acquire(ctx context.Context) (*Hold, error) {
 	for {
 		h, wait, err := l.try(ctx, id)
 		if err != nil {
+			// Redis failing (or this caller giving up) says nothing of the
+			// others: each asks for itself now, as in a line of one, rather
+			// than wait its turn behind calls that may each time out.
+			line.scatter()
 			l.abandon(id, err)
 			return nil, err
 		}
 		if h != nil {
+			if h.phantom { // granted open: so will the others be
+				line.scatter()
+			}
 			return h, nil
 		}
 		// The jitter keeps processes that wait on one limit from asking
@@ -311,7 +318,25 @@ type waitingLine struct {
 }
 
 type waiter struct {
-	ready chan struct{} // closed when it is first in line
+	ready   chan struct{} // closed when it is its turn: first in line, or the line scattered
+	started bool          // ready is closed
+}
+
+// start gives w its turn, once; q.mu is held.
+func (w *waiter) start() {
+	if !w.started {
+		w.started = true
+		close(w.ready)
+	}
+}
+
+// scatter gives every waiter its turn at once (see Acquire).
+func (q *waitingLine) scatter() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, w := range q.waiters {
+		w.start()
+	}
 }
 
 // waitingLine returns the line for name, made when the first comes.
@@ -338,7 +363,7 @@ func (q *waitingLine) join() *waiter {
 	defer q.mu.Unlock()
 	q.waiters = append(q.waiters, w)
 	if len(q.waiters) == 1 {
-		close(w.ready)
+		w.start()
 	}
 	return w
 }
@@ -350,7 +375,7 @@ func (c *Client) leaveLine(name string, q *waitingLine, w *waiter) {
 	if i := slices.Index(q.waiters, w); i >= 0 {
 		q.waiters = slices.Delete(q.waiters, i, i+1)
 		if i == 0 && len(q.waiters) > 0 {
-			close(q.waiters[0].ready)
+			q.waiters[0].start()
 		}
 	}
 	q.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -531,6 +532,52 @@ func TestInFlightUnavailable(t *testing.T) {
 	require.NotNil(t, h)
 	assert.NoError(t, h.Refresh(ctx))
 	assert.NoError(t, h.Release(ctx))
+}
+
+// Waiters in line on a Redis that does not answer do not wait for each
+// other's timeouts: the first call to fail lets every waiter ask for
+// itself. Eight Acquires on a server that never replies, each call timing
+// out after 300ms, all end in about two timeouts (in line, they would take
+// eight), failing closed, or granted open with WithFailOpen.
+func TestInFlightWaitersOnADeadRedis(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() }) // accepted, never answered
+		}
+	}()
+	stalled := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ReadTimeout: 300 * time.Millisecond, PoolSize: 16})
+	t.Cleanup(func() { stalled.Close() })
+	for _, open := range []bool{false, true} {
+		var opts []Option
+		if open {
+			opts = append(opts, WithFailOpen())
+		}
+		l := New(stalled, opts...).InFlight(uniqueName(t)).WithDefault(InFlightConfig{Limit: 1, TTL: time.Minute})
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				h, err := l.Acquire(context.Background())
+				if open {
+					assert.NoError(t, err)
+					assert.NotNil(t, h)
+				} else {
+					assert.ErrorIs(t, err, ErrUnavailable)
+				}
+			})
+		}
+		wg.Wait()
+		took := time.Since(start)
+		t.Logf("fail-open %v: 8 waiters done in %v", open, took.Round(time.Millisecond))
+		assert.Less(t, took, 1500*time.Millisecond, "fail-open %v: not one timeout after another", open)
+	}
 }
 
 // A Hold refreshes itself while held, on the real clock: a hold of a 600ms
