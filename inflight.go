@@ -212,6 +212,18 @@ func (l *InFlight) Delete(ctx context.Context) (bool, error) {
 	return zeroOrOne(reply)
 }
 
+// Reset drops every hold and keeps the config, and reports whether there
+// were holds: for an operator clearing slots whose holders are gone, or
+// stuck. Their holders are not told at once: each finds its hold lost
+// (ErrHoldLost) on its next refresh or release.
+func (l *InFlight) Reset(ctx context.Context) (bool, error) {
+	reply, err := l.eval(ctx, opReset, noArg, noArg)
+	if err != nil {
+		return false, err
+	}
+	return zeroOrOne(reply)
+}
+
 // Holder is one live hold, as Holders lists it.
 type Holder struct {
 	// ID is the hold's: the holding Client's ID (WithClientID), ':', then

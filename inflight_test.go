@@ -335,6 +335,42 @@ func TestInFlightConfig(t *testing.T) {
 	})
 }
 
+// Reset drops every hold and keeps the config: the slots serve others at
+// once, and a holder finds its hold lost on its next refresh or release. A
+// rate limiter's name is not an in-flight limit's to reset.
+func TestInFlightReset(t *testing.T) {
+	ctx := context.Background()
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		clk := newClock()
+		l := steadyInFlight(t, rdb, clk, InFlightConfig{Limit: 2, TTL: time.Minute})
+		require.NoError(t, l.SetLimit(ctx, InFlightConfig{Limit: 2, TTL: time.Hour}))
+		a, b := tryHold(t, l), tryHold(t, l)
+		denied(t, l, time.Hour)
+		dropped, err := l.Reset(ctx)
+		require.NoError(t, err)
+		assert.True(t, dropped)
+		assert.Empty(t, holders(t, l))
+		cfg, err := l.Config(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, InFlightConfig{Limit: 2, TTL: time.Hour}, cfg, "the config stays")
+		c := tryHold(t, l)
+		assert.ErrorIs(t, a.Refresh(ctx), ErrHoldLost)
+		assert.ErrorIs(t, b.Release(ctx), ErrHoldLost)
+		assert.Equal(t, []string{c.ID()}, keysOf(holders(t, l)), "the slots served others at once")
+		require.NoError(t, c.Release(ctx))
+		_, err = l.Reset(ctx)
+		require.NoError(t, err)
+		dropped, err = l.Reset(ctx)
+		require.NoError(t, err)
+		assert.False(t, dropped, "nothing left to drop")
+
+		name := uniqueName(t)
+		require.NoError(t, newClient(rdb, clk).FixedWindow(name).SetRate(ctx, PerHour(5)))
+		_, err = newClient(rdb, clk).InFlight(name).Reset(ctx)
+		assert.ErrorIs(t, err, ErrAlgorithmMismatch)
+	})
+}
+
 // Bad input is ErrInvalidConfig (or ErrInvalidName), and leaves the stored
 // config as it was.
 func TestInFlightBadInput(t *testing.T) {

@@ -799,8 +799,9 @@ remain. The rate flags do not go with these.
 
 func reset(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("reset", "reset [flags] NAME", `Forgets a limiter's usage, every client's, and keeps its config (Reset).
-Not for an in-flight limit: the library has no call that drops its holds
-and keeps its config.
+For an in-flight limit, drops every hold and keeps its config
+(InFlight.Reset): holders still at work find their hold lost on their next
+refresh, and their slots serve others at once.
 `, false, stdout, stderr)
 	return a.onLimiter(ctx, args, 0, func(l *redlimit.Limiter, name, _ string) int {
 		if err := l.Reset(ctx); err != nil {
@@ -808,7 +809,18 @@ and keeps its config.
 		}
 		fmt.Fprintf(stdout, "%s: usage forgotten\n", name)
 		return exitOK
-	}, a.notForInFlight("the library has no call that drops the holds and keeps the config; holds end when released or when their TTL passes, and redlimit delete drops them with the config"))
+	}, func(f *redlimit.InFlight, name string) int {
+		held, err := f.Reset(ctx)
+		if err != nil {
+			return a.fail(err)
+		}
+		if held {
+			fmt.Fprintf(stdout, "%s: every hold dropped\n", name)
+		} else {
+			fmt.Fprintf(stdout, "%s: no hold to drop\n", name)
+		}
+		return exitOK
+	})
 }
 
 // terminalInput is where delete reads a confirmation from, and whether it

@@ -1152,8 +1152,6 @@ func TestInFlightAdmin(t *testing.T) {
 				"redlimit set: api is a funnel limiter, not an in-flight limit: delete it first (redlimit delete) to make it one\n"},
 			{[]string{"get", "jobs", "--rate", "10", "--per", "1h"}, exitUsage,
 				"redlimit get: jobs is an in-flight limit: --rate is a rate limiter's flag\n"},
-			{[]string{"reset", "jobs"}, exitFail,
-				"redlimit reset: jobs is an in-flight limit: reset is not supported for in-flight limits (the library has no call that drops the holds and keeps the config; holds end when released or when their TTL passes, and redlimit delete drops them with the config)\n"},
 			{[]string{"expire", "jobs", "10m"}, exitFail,
 				"redlimit expire: jobs is an in-flight limit: expire is not supported for in-flight limits (the config never expires, and each hold expires by itself, TTL after it was taken or last refreshed)\n"},
 			{[]string{"delete", "jobs"}, exitUsage, "redlimit delete: not a terminal: confirm with --yes\n"},
@@ -1167,8 +1165,27 @@ func TestInFlightAdmin(t *testing.T) {
 			t.Errorf("jobs after the refusals: %v %v", cfg, err)
 		}
 
+		// reset drops the holds and keeps the config: a holder finds out at
+		// its next refresh.
+		queue := instance("api-3").InFlight("queue")
+		if err := queue.SetLimit(ctx, redlimit.InFlightConfig{Limit: 1, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		stuck := acquire(queue)
+		for _, want := range []string{"queue: every hold dropped\n", "queue: no hold to drop\n"} {
+			if out := s.must(t, prefix, "reset", "queue"); out != want {
+				t.Errorf("reset queue: %q, want %q", out, want)
+			}
+		}
+		if err := stuck.Refresh(ctx); !errors.Is(err, redlimit.ErrHoldLost) {
+			t.Errorf("a hold's refresh after reset: %v, want ErrHoldLost", err)
+		}
+		if cfg, err := queue.Config(ctx); err != nil || cfg != (redlimit.InFlightConfig{Limit: 1, TTL: time.Hour}) {
+			t.Errorf("queue after reset: %v %v", cfg, err)
+		}
+
 		// delete drops the config and the holds: a holder finds out at its next refresh.
-		for _, name := range []string{"jobs", "reports", "fresh", "api"} {
+		for _, name := range []string{"jobs", "reports", "fresh", "api", "queue"} {
 			if out := s.must(t, prefix, "delete", "--yes", name); out != name+": deleted\n" {
 				t.Errorf("delete %s: %q", name, out)
 			}

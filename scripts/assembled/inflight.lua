@@ -44,7 +44,7 @@ end
 --          released in time stays, at score -1, until the next sweep (see
 --          release). The key expires with its latest hold.
 -- ARGV, by the names the header declares (inflight.go's inflightArg*):
--- ARGV[OP]      acquire | refresh | release | holders | get | set | tryset | delete
+-- ARGV[OP]      acquire | refresh | release | holders | get | set | tryset | reset | delete
 -- ARGV[NOW]     now in µs, or '' to read Redis TIME
 -- ARGV[HOLD]    the hold's id (acquire, refresh, release)
 -- ARGV[CONFIG]  '' (the stored config only), or 'SOURCE limit ttl-ms', which
@@ -60,6 +60,7 @@ end
 -- holders  {id, ms left, id, ms left, …} of the live holds, earliest first
 -- get      {limit, ttl ms}, or {} when none is stored
 -- set      1;  tryset  1 when it stored the config, 0 when one was stored
+-- reset    1 when there were holds to drop, else 0
 -- delete   1 when there was a key to delete, else 0
 --
 -- A hold's slot is the only thing counted: lowering limit evicts no one; the
@@ -194,6 +195,9 @@ elseif op == 'set' or op == 'tryset' then
   local limit, ttl = given()
   call(CONF, 'HSET', CONF, 'limit', limit, 'ttl', ttl, 'algorithm', ALGORITHM)
   return 1
+elseif op == 'reset' then
+  config() -- nor to drop holds of
+  return call(HOLDS, 'DEL', HOLDS)
 elseif op == 'delete' then
   config() -- another algorithm's keys are not this handle's to delete
   return call(CONF, 'DEL', CONF, HOLDS) > 0 and 1 or 0
