@@ -14,7 +14,7 @@ import (
 // 28 to 31 days, so the scripts cannot work the edges out: Redis knows no
 // time zones. Go does: every decision on a calendar quota carries the edges
 // of the windows around the client's clock (ARGV[argCalendar], see
-// calendarArg), and the script counts in the one that holds Redis's clock.
+// calendarSet.arg), and the script counts in the one that holds Redis's clock.
 
 // Period is how long a calendar window lasts: a day, a week or a month.
 type Period int
@@ -65,7 +65,9 @@ func (c Calendar) rate(n int64) Config {
 // longest is the longest window of c's period, and the Interval of its
 // rate: what a rate of the same Interval is compared with (a longer one must
 // grant more), and what the CLI shows. A day or a week is an hour longer on
-// the day clocks go back (Australia/Lord_Howe's half hour fits in it).
+// the day clocks go back (Australia/Lord_Howe's half hour fits in it; only
+// Antarctica/Troll's two-hour shift makes a longer one, whose windows the
+// scripts still count by their own edges).
 func (c Calendar) longest() time.Duration {
 	switch c.Period {
 	case Daily:
