@@ -25,13 +25,15 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 	start := time.Now()
 	var r Result
 	var err error
-	cached := false
+	cached, leased := false, false
 	// A caller that has given up goes to eval, which tells it so, rather
-	// than to a cached denial.
-	if c.denials != nil && permits > 0 && l.err == nil && ctx.Err() == nil {
+	// than to a cached denial or a lease.
+	if l.lease != nil && permits > 0 && l.err == nil && ctx.Err() == nil {
+		r, err, leased = l.lease.allow(ctx, l, permits)
+	} else if c.denials != nil && permits > 0 && l.err == nil && ctx.Err() == nil {
 		r, cached = c.denials.lookup(l.denialKey, permits, c.clock())
 	}
-	if !cached {
+	if !cached && !leased {
 		var reply any
 		if reply, err = l.eval(ctx, request{op: opAllow, permits: permits}); err == nil {
 			r, err = parseResult(reply, l.dflt)
@@ -87,6 +89,7 @@ type request struct {
 	permits int64    // allow, release
 	ms      int64    // expire: the TTL
 	clients []string // other clients whose keys the op must reach
+	arg     string   // lease, refund: ARGV[PERMITS] (see scripts/common.lua)
 	// calendarLearnt: the request is sent again with the calendar rates
 	// its script named (calendarReply), and is not sent a third time.
 	calendarLearnt bool
@@ -98,6 +101,7 @@ var (
 	opAllow, opRelease, opGet, opSet, opTrySet    any = "allow", "release", "get", "set", "tryset"
 	opReset, opDelete, opExpire, opPersist, opTTL any = "reset", "delete", "expire", "persist", "ttl"
 	opClients, opShadow, opCharge                 any = "clients", "shadow", "charge"
+	opLease, opRefund                             any = "lease", "refund"
 
 	noArg any = ""
 )
@@ -115,6 +119,12 @@ const (
 	argClientID             // this client's id
 	argOthers               // other clients' ids, to the end (admin ops)
 )
+
+// refundLog is how long the request log keeps a refund's id, at least:
+// longer than go-redis goes on re-sending a call.
+const refundLog = time.Minute
+
+var refundLogArg any = refundLog.Milliseconds()
 
 // Where the config a script is given comes from (ARGV[argConfig]).
 const (
@@ -148,13 +158,15 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	if cals := l.calendarsSent(); cals != nil {
 		calendar = cals.arg(c.clock())
 	}
-	counts := (req.op == opAllow || req.op == opCharge) && req.permits > 0
-	if req.op == opRelease || counts && (l.alg.records || c.retryWindow > 0) {
+	counts := (req.op == opAllow || req.op == opCharge || req.op == opLease) && req.permits > 0
+	if req.op == opRelease || req.op == opRefund || counts && (l.alg.records || c.retryWindow > 0) {
 		id = newRequestID()
 	}
-	n := req.permits
+	var n any = req.permits
 	if req.op == opExpire {
 		n = req.ms
+	} else if req.arg != "" {
+		n = req.arg
 	}
 	// Every key and argument costs Redis about as much as a small command: a
 	// decision on a limiter not known to be PerClient, with no request log,
@@ -172,7 +184,13 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	}
 	args := (*pooled)[:argOthers-1]
 	args[argOp-1], args[argNow-1], args[argPermits-1], args[argConfig-1] = req.op, now, n, config
-	args[argCalendar-1], args[argID-1], args[argLogWindow-1], args[argClientID-1] = calendar, id, c.retryWindowArg, l.clientID
+	logWindow := c.retryWindowArg
+	if req.op == opRefund && c.retryWindow < refundLog {
+		// A refund re-sent (go-redis does, on a read timeout) would give
+		// back twice: the request log makes its second run a no-op.
+		logWindow = refundLogArg
+	}
+	args[argCalendar-1], args[argID-1], args[argLogWindow-1], args[argClientID-1] = calendar, id, logWindow, l.clientID
 	if short {
 		keys = keys[:l.alg.registry()-1]
 		switch {

@@ -125,6 +125,7 @@ type Limiter struct {
 	shadow      bool // WithShadow: every decision in shadow mode
 	// calendars: the handle's config's calendar rates, or nil.
 	calendars *calendarSet
+	lease     *lease // WithLease's block, or nil
 }
 
 // family is what a Client keeps of one limiter, an algorithm under a name:
@@ -408,8 +409,8 @@ type Result struct {
 	Quotas []Quota
 	// Reason says what decided: the limit (ReasonLimit, the zero value),
 	// a denial cached by WithLocalCache, WithFailOpen granting what Redis
-	// could not decide (the observer's Decision.Err says why), or shadow
-	// mode granting what the limit denied.
+	// could not decide (the observer's Decision.Err says why), shadow
+	// mode granting what the limit denied, or the handle's lease.
 	Reason Reason
 	// Shadow: the decision was made in shadow mode (WithShadow,
 	// Limiter.WithShadow, or the stored config's, Limiter.SetShadow). It
@@ -427,6 +428,7 @@ const (
 	ReasonCache                  // a denial cached by WithLocalCache, without a round trip
 	ReasonFailOpen               // granted by WithFailOpen, or in shadow mode, while Redis could not decide
 	ReasonShadow                 // granted in shadow mode; the limit denied it
+	ReasonLease                  // decided from this handle's lease (WithLease), without a round trip
 )
 
 func (r Reason) String() string {
@@ -439,6 +441,8 @@ func (r Reason) String() string {
 		return "fail-open"
 	case ReasonShadow:
 		return "shadow"
+	case ReasonLease:
+		return "lease"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,9 +71,11 @@ func sharedHeader() string {
 	return fmt.Sprintf("-- Declared by script.go's header, from Go.\n"+
 		"local OP, NOW, PERMITS, CONFIG, CALENDAR, ID, LOG_WINDOW, CLIENT_ID, OTHERS = %d, %d, %d, %d, %d, %d, %d, %d, %d -- ARGV's\n"+
 		"local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = %d, %d, %d\n"+
-		"local RATE_SUFFIX = { '%s' } -- a rate's state fields' suffix, by its place in the config\n",
+		"local RATE_SUFFIX = { '%s' } -- a rate's state fields' suffix, by its place in the config\n"+
+		"local REPLY_REMAINING = { %s = %d, %s = %d } -- a reply's remaining, by its kind: the nth number after it\n",
 		argOp, argNow, argPermits, argConfig, argCalendar, argID, argLogWindow, argClientID, argOthers,
-		maxRates, defaultBuckets, maxBuckets, strings.Join(suffixes, "', '"))
+		maxRates, defaultBuckets, maxBuckets, strings.Join(suffixes, "', '"),
+		replyHash, replyRemaining+1, replyDefault, slices.Index(defaultReply[:], replyRemaining)+1)
 }
 
 // algorithmHeader declares the algorithm and the positions of its keys.

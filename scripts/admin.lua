@@ -230,7 +230,7 @@ local function config()
   return cfg, old
 end
 
-if op == 'allow' or op == 'release' or op == 'charge' then
+if op == 'allow' or op == 'release' or op == 'charge' or op == 'lease' or op == 'refund' then
   config() -- raises what the decision found wrong
   fail('corrupt ' .. KEYS[1] .. ': config refused')
 end

@@ -72,7 +72,10 @@ count = count + permits
 false
 
 --[[@release]]
+-- A refund's permits are counted here only if granted in this window: one
+-- ended has taken them with it.
 back = math.min(permits, count)
+if grant_at and grant_at < start * 1000 then back = 0 end
 count = count - back
 
 --[[@encode]]

@@ -138,6 +138,15 @@ false
 --[[@release]]
 back = count(tat - NOW_US, tatf, pe, pr, rate)
 if back > permits then back = permits end
+if grant_at then
+  -- A refund gives back only what has not drained of its grant:
+  -- grant_at + grant_size × emission − now, in whole emission intervals. Whatever came
+  -- between, the TAT is then no lower than without those permits.
+  local w, f = times(grant_size, pe, pr, rate)
+  w = w + grant_at - NOW_US
+  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
+  if left < back then back = left end
+end
 local w, f = times(back, pe, pr, rate)
 tat, tatf = tat - w, tatf - f
 if tatf < 0 then tat, tatf = tat - 1, tatf + rate end

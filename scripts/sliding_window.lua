@@ -121,13 +121,18 @@ false
 
 --[[@release]]
 -- Permits come back from the newest sub-windows first; those it empties
--- go, so the state may expire sooner.
+-- go, so the state may expire sooner. A refund's come back from its
+-- grant's sub-window only: a newer one's count would outlive them.
 local left = permits
+local of = grant_at and (grant_at - grant_at % 1000) / 1000 * buckets / interval
+if of then of = of - of % 1 end
 for i = #live - 2, 1, -3 do
   if left == 0 then break end
-  local taken = math.min(left, live[i + 1])
-  live[i + 1] = live[i + 1] - taken
-  left = left - taken
+  if not of or live[i] == of then
+    local taken = math.min(left, live[i + 1])
+    live[i + 1] = live[i + 1] - taken
+    left = left - taken
+  end
 end
 while #live > 0 and live[#live - 1] == 0 do
   table.remove(live)

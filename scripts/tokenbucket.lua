@@ -285,6 +285,10 @@ rewrite = not counted and (changed or aged > 0)
 sent(log, NOW_MS, interval, ARGV[ID], newest)
 
 --[[@release]]
+-- A refund gives back nothing: a further rate's log holds running totals,
+-- so taking permits off an older record would rewrite every later one.
+-- A lease's unused permits so count until they age out.
+if grant_at then permits = 0 end
 -- Permits come off the newest records, so that the log and the value stay
 -- in agreement; a record partly given back keeps its time and id. Records
 -- are read 64 at a time: a log of ours holds fewer (see the top). What they

@@ -2,6 +2,7 @@
 local OP, NOW, PERMITS, CONFIG, CALENDAR, ID, LOG_WINDOW, CLIENT_ID, OTHERS = 1, 2, 3, 4, 5, 6, 7, 8, 9 -- ARGV's
 local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = 4, 10, 1000
 local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by its place in the config
+local REPLY_REMAINING = { h = 3, d = 2 } -- a reply's remaining, by its kind: the nth number after it
 -- The decision skeleton. script.go assembles one script per algorithm: a
 -- header from Go (script.go's header: the algorithm's stored name, ALGORITHM;
 -- its state keys per client, N; whether its Overall state is fields of
@@ -478,7 +479,21 @@ local function decide(KEYS, ARGV)
     -- any grant, so that what it takes past the limit is a debt the next
     -- requests wait out.
     local charge = op == 'charge'
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
+    -- grant_at and grant_size: a refund's grant, its time in µs on Redis's
+    -- clock and its permits (PERMITS is 'permits since granted': a lease
+    -- giving back what it did not use of a block), so that each rate's
+    -- release gives back only what is still counted of that grant, and
+    -- never what later grants or time have made another's.
+    local permits, grant_at, grant_size, decide = ARGV[PERMITS], nil, nil, op == 'allow' or charge
+    if op == 'refund' then
+      local n, t, g = string.match(permits, '^(%d+) (%d+) (%d+)$')
+      if not n or n + 0 > g + 0 then
+        error('REDLIMIT refund ' .. string.format('%q', permits) .. ': want "permits since-µs granted"', 0)
+      end
+      permits, grant_at, grant_size = n + 0, t + 0, g + 0
+    else
+      permits = permits + 0
+    end
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -723,7 +738,11 @@ rewrite = not counted and (changed or aged > 0)
       end
     elseif not decide and (not LOG or first_run()) then
       wrote = true
-      --[[ release ]] -- Permits come off the newest records, so that the log and the value stay
+      --[[ release ]] -- A refund gives back nothing: a further rate's log holds running totals,
+-- so taking permits off an older record would rewrite every later one.
+-- A lease's unused permits so count until they age out.
+if grant_at then permits = 0 end
+-- Permits come off the newest records, so that the log and the value stay
 -- in agreement; a record partly given back keeps its time and id. Records
 -- are read 64 at a time: a log of ours holds fewer (see the top). What they
 -- show of the newest record left says when the bucket is full again:
@@ -1314,7 +1333,21 @@ local function decide(KEYS, ARGV)
     -- any grant, so that what it takes past the limit is a debt the next
     -- requests wait out.
     local charge = op == 'charge'
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
+    -- grant_at and grant_size: a refund's grant, its time in µs on Redis's
+    -- clock and its permits (PERMITS is 'permits since granted': a lease
+    -- giving back what it did not use of a block), so that each rate's
+    -- release gives back only what is still counted of that grant, and
+    -- never what later grants or time have made another's.
+    local permits, grant_at, grant_size, decide = ARGV[PERMITS], nil, nil, op == 'allow' or charge
+    if op == 'refund' then
+      local n, t, g = string.match(permits, '^(%d+) (%d+) (%d+)$')
+      if not n or n + 0 > g + 0 then
+        error('REDLIMIT refund ' .. string.format('%q', permits) .. ': want "permits since-µs granted"', 0)
+      end
+      permits, grant_at, grant_size = n + 0, t + 0, g + 0
+    else
+      permits = permits + 0
+    end
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -1493,6 +1526,15 @@ if tatf >= rate then tat, tatf = tat + 1, tatf - rate end
       wrote = true
       --[[ release ]] back = count(tat - NOW_US, tatf, pe, pr, rate)
 if back > permits then back = permits end
+if grant_at then
+  -- A refund gives back only what has not drained of its grant:
+  -- grant_at + grant_size × emission − now, in whole emission intervals. Whatever came
+  -- between, the TAT is then no lower than without those permits.
+  local w, f = times(grant_size, pe, pr, rate)
+  w = w + grant_at - NOW_US
+  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
+  if left < back then back = left end
+end
 local w, f = times(back, pe, pr, rate)
 tat, tatf = tat - w, tatf - f
 if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
@@ -1597,6 +1639,15 @@ if tatf >= rate then tat, tatf = tat + 1, tatf - rate end
         elseif wrote then
           --[[ more_release ]] back = count(tat - NOW_US, tatf, pe, pr, rate)
 if back > permits then back = permits end
+if grant_at then
+  -- A refund gives back only what has not drained of its grant:
+  -- grant_at + grant_size × emission − now, in whole emission intervals. Whatever came
+  -- between, the TAT is then no lower than without those permits.
+  local w, f = times(grant_size, pe, pr, rate)
+  w = w + grant_at - NOW_US
+  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
+  if left < back then back = left end
+end
 local w, f = times(back, pe, pr, rate)
 tat, tatf = tat - w, tatf - f
 if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
@@ -2003,7 +2054,21 @@ s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
     -- any grant, so that what it takes past the limit is a debt the next
     -- requests wait out.
     local charge = op == 'charge'
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
+    -- grant_at and grant_size: a refund's grant, its time in µs on Redis's
+    -- clock and its permits (PERMITS is 'permits since granted': a lease
+    -- giving back what it did not use of a block), so that each rate's
+    -- release gives back only what is still counted of that grant, and
+    -- never what later grants or time have made another's.
+    local permits, grant_at, grant_size, decide = ARGV[PERMITS], nil, nil, op == 'allow' or charge
+    if op == 'refund' then
+      local n, t, g = string.match(permits, '^(%d+) (%d+) (%d+)$')
+      if not n or n + 0 > g + 0 then
+        error('REDLIMIT refund ' .. string.format('%q', permits) .. ': want "permits since-µs granted"', 0)
+      end
+      permits, grant_at, grant_size = n + 0, t + 0, g + 0
+    else
+      permits = permits + 0
+    end
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -2173,7 +2238,10 @@ end
       end
     elseif not decide and (not LOG or first_run()) then
       wrote = true
-      --[[ release ]] back = math.min(permits, count)
+      --[[ release ]] -- A refund's permits are counted here only if granted in this window: one
+-- ended has taken them with it.
+back = math.min(permits, count)
+if grant_at and grant_at < start * 1000 then back = 0 end
 count = count - back
     end
     -- What a commit or release left (or a state to rewrite), written as
@@ -2258,7 +2326,10 @@ local ends = (start + interval) * 1000
         if counted then
           --[[ more_commit ]] count = count + permits
         elseif wrote then
-          --[[ more_release ]] back = math.min(permits, count)
+          --[[ more_release ]] -- A refund's permits are counted here only if granted in this window: one
+-- ended has taken them with it.
+back = math.min(permits, count)
+if grant_at and grant_at < start * 1000 then back = 0 end
 count = count - back
           if back < given then given = back end
         end
@@ -2646,7 +2717,21 @@ local function decide(KEYS, ARGV)
     -- any grant, so that what it takes past the limit is a debt the next
     -- requests wait out.
     local charge = op == 'charge'
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
+    -- grant_at and grant_size: a refund's grant, its time in µs on Redis's
+    -- clock and its permits (PERMITS is 'permits since granted': a lease
+    -- giving back what it did not use of a block), so that each rate's
+    -- release gives back only what is still counted of that grant, and
+    -- never what later grants or time have made another's.
+    local permits, grant_at, grant_size, decide = ARGV[PERMITS], nil, nil, op == 'allow' or charge
+    if op == 'refund' then
+      local n, t, g = string.match(permits, '^(%d+) (%d+) (%d+)$')
+      if not n or n + 0 > g + 0 then
+        error('REDLIMIT refund ' .. string.format('%q', permits) .. ': want "permits since-µs granted"', 0)
+      end
+      permits, grant_at, grant_size = n + 0, t + 0, g + 0
+    else
+      permits = permits + 0
+    end
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -2893,13 +2978,18 @@ total = total + permits
     elseif not decide and (not LOG or first_run()) then
       wrote = true
       --[[ release ]] -- Permits come back from the newest sub-windows first; those it empties
--- go, so the state may expire sooner.
+-- go, so the state may expire sooner. A refund's come back from its
+-- grant's sub-window only: a newer one's count would outlive them.
 local left = permits
+local of = grant_at and (grant_at - grant_at % 1000) / 1000 * buckets / interval
+if of then of = of - of % 1 end
 for i = #live - 2, 1, -3 do
   if left == 0 then break end
-  local taken = math.min(left, live[i + 1])
-  live[i + 1] = live[i + 1] - taken
-  left = left - taken
+  if not of or live[i] == of then
+    local taken = math.min(left, live[i + 1])
+    live[i + 1] = live[i + 1] - taken
+    left = left - taken
+  end
 end
 while #live > 0 and live[#live - 1] == 0 do
   table.remove(live)
@@ -3030,13 +3120,18 @@ live[#live - 1] = live[#live - 1] + permits
 total = total + permits
         elseif wrote then
           --[[ more_release ]] -- Permits come back from the newest sub-windows first; those it empties
--- go, so the state may expire sooner.
+-- go, so the state may expire sooner. A refund's come back from its
+-- grant's sub-window only: a newer one's count would outlive them.
 local left = permits
+local of = grant_at and (grant_at - grant_at % 1000) / 1000 * buckets / interval
+if of then of = of - of % 1 end
 for i = #live - 2, 1, -3 do
   if left == 0 then break end
-  local taken = math.min(left, live[i + 1])
-  live[i + 1] = live[i + 1] - taken
-  left = left - taken
+  if not of or live[i] == of then
+    local taken = math.min(left, live[i + 1])
+    live[i + 1] = live[i + 1] - taken
+    left = left - taken
+  end
 end
 while #live > 0 and live[#live - 1] == 0 do
   table.remove(live)

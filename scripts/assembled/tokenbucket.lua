@@ -2,6 +2,7 @@
 local OP, NOW, PERMITS, CONFIG, CALENDAR, ID, LOG_WINDOW, CLIENT_ID, OTHERS = 1, 2, 3, 4, 5, 6, 7, 8, 9 -- ARGV's
 local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS = 4, 10, 1000
 local RATE_SUFFIX = { '', '2', '3', '4' } -- a rate's state fields' suffix, by its place in the config
+local REPLY_REMAINING = { h = 3, d = 2 } -- a reply's remaining, by its kind: the nth number after it
 local ALGORITHM, N, IN_CONFIG, RECORDS, BURST, BUCKETS, CALENDAR_RATES = 'tokenbucket', 3, false, true, false, false, false
 local REGISTRY, REQUESTS = 5, 6 -- KEYS': the client registry, the request log
 -- The decision skeleton. script.go assembles one script per algorithm: a
@@ -476,7 +477,21 @@ local function decide(KEYS, ARGV)
     -- any grant, so that what it takes past the limit is a debt the next
     -- requests wait out.
     local charge = op == 'charge'
-    local permits, decide = ARGV[PERMITS] + 0, op == 'allow' or charge
+    -- grant_at and grant_size: a refund's grant, its time in µs on Redis's
+    -- clock and its permits (PERMITS is 'permits since granted': a lease
+    -- giving back what it did not use of a block), so that each rate's
+    -- release gives back only what is still counted of that grant, and
+    -- never what later grants or time have made another's.
+    local permits, grant_at, grant_size, decide = ARGV[PERMITS], nil, nil, op == 'allow' or charge
+    if op == 'refund' then
+      local n, t, g = string.match(permits, '^(%d+) (%d+) (%d+)$')
+      if not n or n + 0 > g + 0 then
+        error('REDLIMIT refund ' .. string.format('%q', permits) .. ': want "permits since-µs granted"', 0)
+      end
+      permits, grant_at, grant_size = n + 0, t + 0, g + 0
+    else
+      permits = permits + 0
+    end
     local allowed, retry, wait, remaining, reset, bound, back = 0, 0, 0, 0, 0, 0, 0
     -- expire: a step wrote state whose expiry must move (IN_CONFIG), and
     -- then writes every field; wrote: a step wrote anything; rewrite: the
@@ -721,7 +736,11 @@ rewrite = not counted and (changed or aged > 0)
       end
     elseif not decide and (not LOG or first_run()) then
       wrote = true
-      --[[ release ]] -- Permits come off the newest records, so that the log and the value stay
+      --[[ release ]] -- A refund gives back nothing: a further rate's log holds running totals,
+-- so taking permits off an older record would rewrite every later one.
+-- A lease's unused permits so count until they age out.
+if grant_at then permits = 0 end
+-- Permits come off the newest records, so that the log and the value stay
 -- in agreement; a record partly given back keeps its time and id. Records
 -- are read 64 at a time: a log of ours holds fewer (see the top). What they
 -- show of the newest record left says when the bucket is full again:
@@ -1034,10 +1053,40 @@ end
 end
 -- <<< The decision's end.
 
-if op == 'allow' or op == 'release' or op == 'charge' then
+if op == 'allow' or op == 'release' or op == 'charge' or op == 'refund' then
   local reply = decide(KEYS, ARGV)
   if reply ~= nil then
     return reply
+  end
+elseif op == 'lease' then
+  -- A lease (lease.go) takes a block of permits, PERMITS 'want least': want
+  -- if they fit now, else as many as fit if that is least or more. It is
+  -- the decision of the permits taken, with ' @now taken' after its reply:
+  -- the grant's time on Redis's clock, which a refund names, and the
+  -- permits taken (0: denied, as the reply says).
+  local want, least = string.match(ARGV[PERMITS], '^(%d+) (%d+)$')
+  if not want or least + 0 > want + 0 then
+    error('REDLIMIT lease ' .. string.format('%q', ARGV[PERMITS]) .. ': want "want least"', 0)
+  end
+  local args = { unpack(ARGV) }
+  args[OP], args[PERMITS] = 'allow', want
+  local reply = decide(KEYS, args)
+  -- A reply's kind is one letter, and allowed its first number.
+  if type(reply) == 'string' and string.byte(reply, 3) == 48 and want ~= least then
+    -- Denied: the permits that fit now are the reply's remaining.
+    local fit, at = nil, REPLY_REMAINING[string.sub(reply, 1, 1)]
+    for v in string.gmatch(reply, ' (%d+)') do
+      at = at - 1
+      if at == 0 then fit = v break end
+    end
+    if fit and fit + 0 >= least + 0 then
+      args[PERMITS] = fit
+      reply = decide(KEYS, args)
+    end
+  end
+  if reply ~= nil then
+    local taken = string.byte(reply, 3) == 49 and args[PERMITS] or '0'
+    return reply .. string.format(' @%d ', NOW_US) .. taken
   end
 end
 -- admin.lua's ops set these as the decision does its own.
@@ -1312,7 +1361,7 @@ local function config()
   return cfg, old
 end
 
-if op == 'allow' or op == 'release' or op == 'charge' then
+if op == 'allow' or op == 'release' or op == 'charge' or op == 'lease' or op == 'refund' then
   config() -- raises what the decision found wrong
   fail('corrupt ' .. KEYS[1] .. ': config refused')
 end

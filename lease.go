@@ -1,0 +1,324 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Leases. One limiter lives on one Redis thread, and every decision waits a
+// round trip: a hot limit shared by every instance tops out at what that
+// thread decides. A leased handle instead takes a block of permits in one
+// script call, counted in Redis like any grant, and serves its decisions
+// from the block in memory until the block runs out or its lease time
+// passes; then it gives back what it did not use, and takes another, sized
+// to its recent demand.
+//
+// The bound: a permit is counted in Redis before it is used, and used at
+// most Time after Redis counted it, so the grants an instance makes are
+// those Redis made, each moved later by less than Time:
+//   - fixed window: a block is never used past its window's end, so no
+//     window ever grants more than Rate: the bound is the limiter's own;
+//   - sliding window and token bucket: no span of Interval − Time grants
+//     more than Rate;
+//   - funnel: no span of length t grants more than Burst + Rate × (t + Time)
+//     / Interval, the GCRA's bound over a span Time longer.
+// What a block holds unused is denied to every other instance until it is
+// given back: at most the number of instances × the block cap, for at most
+// Time (the token bucket's until its records age out: see refund).
+
+// Lease is how a leased handle takes its blocks (Limiter.WithLease).
+type Lease struct {
+	// Time is the longest a block is used: the bound's slack, and how long
+	// a rate change (SetRate) takes to reach the handle. Required.
+	Time time.Duration
+	// Max caps a block's permits; 0 leaves only Share's cap.
+	Max int64
+	// Share caps a block at this fraction of the limit (the smallest Limit
+	// of its rates), so that a few instances cannot hold it all; 0 is 0.1.
+	// A request for more than the cap is decided in Redis, unleased.
+	Share float64
+}
+
+// LeaseStats counts what a leased handle did with its blocks.
+type LeaseStats struct {
+	Calls    int64 // script calls made for blocks: takes and refunds
+	Taken    int64 // permits taken into blocks
+	Used     int64 // permits granted from blocks
+	Returned int64 // permits given back that Redis took back
+}
+
+// WithLease returns a handle that decides from blocks of permits it leases
+// from the limiter (see Lease and the bound above). Every other method
+// behaves as the handle's own; a peek (zero permits) and a request larger
+// than a block's cap go to Redis. Keep the handle, as the block is its
+// own, and Close it when done so its unused permits go back at once.
+func (l *Limiter) WithLease(cfg Lease) *Limiter {
+	d := *l
+	switch {
+	case cfg.Time <= 0:
+		d.err = errors.Join(d.err, fmt.Errorf("%w: lease time %v: must be positive", ErrInvalidConfig, cfg.Time))
+	case cfg.Max < 0:
+		d.err = errors.Join(d.err, fmt.Errorf("%w: lease max %d: must be 0 or more", ErrInvalidConfig, cfg.Max))
+	case !(cfg.Share >= 0 && cfg.Share <= 1): // and not NaN
+		d.err = errors.Join(d.err, fmt.Errorf("%w: lease share %v: must be within 0 to 1", ErrInvalidConfig, cfg.Share))
+	}
+	if cfg.Share == 0 {
+		cfg.Share = 0.1
+	}
+	d.lease = &lease{cfg: cfg}
+	return &d
+}
+
+// LeaseStats reports what the handle's leases did; zero for a handle
+// without one.
+func (l *Limiter) LeaseStats() LeaseStats {
+	s := l.lease
+	if s == nil {
+		return LeaseStats{}
+	}
+	return LeaseStats{Calls: s.calls.Load(), Taken: s.taken.Load(), Used: s.used.Load(), Returned: s.returned.Load()}
+}
+
+// Close gives back what the handle's lease holds unused, and makes it
+// decide in Redis from then on. It does nothing on a handle without one.
+func (l *Limiter) Close(ctx context.Context) error {
+	s := l.lease
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	s.closed = true
+	b := s.drop()
+	s.mu.Unlock()
+	return l.refund(ctx, b)
+}
+
+// lease is a leased handle's block and what it knows of the limiter.
+type lease struct {
+	cfg    Lease
+	mu     sync.Mutex
+	closed bool
+	block  block
+	// last is Redis's answer to the latest take; a denied take's says
+	// until when requests of as many permits or more are denied here.
+	last         Result
+	deniedUntil  time.Time
+	deniedAsking int64
+	// taking: closed when the take in flight returns; nil when none is.
+	taking chan struct{}
+
+	calls, taken, used, returned atomic.Int64
+}
+
+// block is one take's permits.
+type block struct {
+	held  int64     // left to grant
+	size  int64     // taken
+	used  int64     // granted from it
+	at    int64     // the grant, µs on Redis's clock: what a refund names
+	from  time.Time // sent, on the Client's clock
+	until time.Time // not used from then: from + Time, or its window's end
+	timer *time.Timer
+}
+
+// drop takes the block out, for a refund. The lock is held.
+func (s *lease) drop() block {
+	b := s.block
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	s.block = block{size: b.size, used: b.used, from: b.from, until: b.until}
+	return b
+}
+
+// allow decides permits from the block, or takes a new one; served is
+// false when the request must go to Redis as an unleased one would.
+func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result, err error, served bool) {
+	c := l.client
+	for {
+		s.mu.Lock()
+		if s.closed || permits > s.most(permits) {
+			s.mu.Unlock()
+			return Result{}, nil, false
+		}
+		now := c.clock()
+		b := &s.block
+		if b.held >= permits && now.Before(b.until) {
+			b.held -= permits
+			b.used += permits
+			r = s.last
+			r.Allowed, r.RetryAfter, r.Remaining, r.Reason = true, 0, b.held+s.last.Remaining, ReasonLease
+			r.ResetAfter = max(0, r.ResetAfter-now.Sub(b.from))
+			s.mu.Unlock()
+			s.used.Add(permits)
+			return r, nil, true
+		}
+		if now.Before(s.deniedUntil) && permits >= s.deniedAsking && b.held < permits {
+			r = s.last
+			r.RetryAfter, r.Reason = s.deniedUntil.Sub(now), ReasonLease
+			r.ResetAfter = max(0, r.ResetAfter-now.Sub(b.from))
+			s.mu.Unlock()
+			return r, nil, true
+		}
+		if s.taking != nil {
+			wait := s.taking
+			s.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return Result{}, fmt.Errorf("redlimit: %w", ctx.Err()), true
+			}
+		}
+		want := s.want(now, permits)
+		old := s.drop()
+		s.taking = make(chan struct{})
+		s.mu.Unlock()
+		if old.held > 0 {
+			go l.refund(context.Background(), old)
+		}
+		return s.take(ctx, l, permits, want)
+	}
+}
+
+// most is the largest block: Max, and Share of the limit as Redis last
+// said it (before any take, the request's own permits).
+func (s *lease) most(permits int64) int64 {
+	limit := s.last.Limit
+	for _, q := range s.last.Quotas {
+		limit = min(limit, q.Limit)
+	}
+	if limit <= 0 {
+		return permits
+	}
+	most := max(1, int64(float64(limit)*s.cfg.Share))
+	if s.cfg.Max > 0 {
+		most = min(most, s.cfg.Max)
+	}
+	return most
+}
+
+// want sizes the next block: twice what the last one served, scaled to a
+// whole lease time, and at least twice its size when it ran out early;
+// never fewer than permits or more than most. The lock is held.
+func (s *lease) want(now time.Time, permits int64) int64 {
+	b := s.block
+	n := permits
+	if b.size > 0 {
+		lived := max(now.Sub(b.from), time.Millisecond)
+		n = max(n, int64(2*float64(b.used)*float64(s.cfg.Time)/float64(lived)))
+		if now.Before(b.until) {
+			n = max(n, 2*b.size) // it ran out early
+		}
+	}
+	return min(n, max(permits, s.most(permits)))
+}
+
+// take asks Redis for want permits, or as few as permits, and grants the
+// caller's permits from them.
+func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Result, error, bool) {
+	c := l.client
+	from := c.clock()
+	reply, err := l.eval(ctx, request{op: opLease, permits: permits, arg: strconv.FormatInt(want, 10) + " " + strconv.FormatInt(permits, 10)})
+	s.calls.Add(1)
+	var r Result
+	var at, taken int64
+	if err == nil {
+		var head string
+		var ok bool
+		if head, at, taken, ok = leaseReply(reply); !ok || taken != 0 && taken < permits || taken > want {
+			err = unexpected(reply)
+		} else {
+			r, err = parseResult(head, l.dflt)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(s.taking)
+	s.taking = nil
+	if err != nil {
+		return Result{}, err, true
+	}
+	s.last = r
+	s.deniedUntil = time.Time{}
+	if taken == 0 {
+		if r.RetryAfter > 0 {
+			s.deniedUntil, s.deniedAsking = from.Add(r.RetryAfter), permits
+		}
+		r.Reason = ReasonLimit
+		return r, nil, true
+	}
+	s.taken.Add(taken)
+	s.used.Add(permits)
+	until := from.Add(s.cfg.Time)
+	if l.alg.name == fixedWindow.name && r.ResetAfter > 0 {
+		// A fixed window's permits are its window's: never used past its end.
+		if end := from.Add(r.ResetAfter); end.Before(until) {
+			until = end
+		}
+	}
+	s.block = block{held: taken - permits, size: taken, used: permits, at: at, from: from, until: until}
+	if taken > permits && !s.closed && l.client.now == nil {
+		// Given back when its time is up, if no request does it sooner (on
+		// WithClock's clock, a request or Close does).
+		s.block.timer = time.AfterFunc(until.Sub(from), func() { s.expire(l, at) })
+	}
+	r.Remaining += s.block.held
+	return r, nil, true
+}
+
+// expire gives back the block granted at at, if it is still the one held.
+func (s *lease) expire(l *Limiter, at int64) {
+	s.mu.Lock()
+	if s.block.at != at || s.block.held == 0 {
+		s.mu.Unlock()
+		return
+	}
+	b := s.drop()
+	s.mu.Unlock()
+	l.refund(context.Background(), b)
+}
+
+// refund gives back what b holds unused. Redis takes back only what is
+// still counted of b's grant (see scripts/common.lua's since), so a refund
+// however late never frees more than b's own permits would have: the
+// token bucket's takes back nothing.
+func (l *Limiter) refund(ctx context.Context, b block) error {
+	if b.held <= 0 {
+		return nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	reply, err := l.eval(ctx, request{op: opRefund, arg: strconv.FormatInt(b.held, 10) + " " + strconv.FormatInt(b.at, 10) + " " + strconv.FormatInt(b.size, 10)})
+	l.lease.calls.Add(1)
+	if err != nil {
+		return err
+	}
+	back, ok := reply.(int64)
+	if !ok || back < 0 || back > b.held {
+		return unexpected(reply)
+	}
+	l.lease.returned.Add(back)
+	l.forgetDenial()
+	return nil
+}
+
+// leaseReply splits a lease's reply: the decision's, then ' @now taken'.
+func leaseReply(reply any) (head string, at, taken int64, ok bool) {
+	s, _ := reply.(string)
+	head, tail, found := strings.Cut(s, " @")
+	var n [2]int64
+	if !found || !spaced(tail, n[:]) || n[0] < 0 || n[1] < 0 {
+		return "", 0, 0, false
+	}
+	return head, n[0], n[1], true
+}
