@@ -264,7 +264,11 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 		}
 	}
 	s.block = block{held: taken - permits, size: taken, used: permits, at: at, from: from, until: until}
-	if taken > permits && !s.closed && l.client.now == nil {
+	if s.closed {
+		// Closed while the take was in flight: what it took beyond the
+		// request goes back at once.
+		go l.refund(context.Background(), s.drop())
+	} else if taken > permits && l.client.now == nil {
 		// Given back when its time is up, if no request does it sooner (on
 		// WithClock's clock, a request or Close does).
 		s.block.timer = time.AfterFunc(until.Sub(from), func() { s.expire(l, at) })
@@ -290,8 +294,8 @@ func (s *lease) expire(l *Limiter, at int64) {
 // however late never frees more than b's own permits would have: the
 // token bucket's takes back nothing.
 func (l *Limiter) refund(ctx context.Context, b block) error {
-	if b.held <= 0 {
-		return nil
+	if b.held <= 0 || l.alg.records {
+		return nil // nothing held, or a token bucket's: it would take nothing back
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
@@ -412,4 +413,105 @@ func TestLeaseEndsWithItsWindow(t *testing.T) {
 		assert.Equal(t, ReasonLimit, r.Reason)
 		assert.Equal(t, int64(0), l.LeaseStats().Returned)
 	})
+}
+
+// Several rates: blocks are capped by the smallest limit's share, and the
+// handle grants exactly what the limiter would; PerClient: each client's
+// handle leases from its own limit.
+func TestLeaseSeveralRatesAndPerClient(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		l := newClient(rdb, clk).FixedWindow(uniqueName(t)).WithDefault(PerSecond(20).And(Per(30, time.Minute))).WithLease(Lease{Time: time.Second})
+		var r Result
+		for second, want := range []int{20, 10} {
+			granted := 0
+			for range 40 {
+				var err error
+				r, err = l.Allow(ctx, 1)
+				require.NoError(t, err)
+				if r.Allowed {
+					granted++
+				}
+			}
+			assert.Equal(t, want, granted, "second %d", second)
+			clk.Add(time.Second)
+		}
+		assert.Equal(t, 1, r.Bound, "denied by the minute")
+		assert.Equal(t, 59*time.Second, r.RetryAfter)
+		s := l.LeaseStats()
+		assert.Equal(t, int64(30), s.Taken, "never more than fit")
+		assert.LessOrEqual(t, s.Calls, int64(20), "blocks of 2 at most: 10%% of 20")
+
+		name := uniqueName(t)
+		perClient := Config{Rate: 10, Interval: time.Minute, Type: PerClient}
+		for _, id := range []string{"a", "b"} {
+			h := newClient(rdb, clk, WithClientID(id)).Funnel(name).WithDefault(perClient).WithLease(Lease{Time: time.Second, Share: 0.5})
+			n := 0
+			for range 15 {
+				ok, err := h.TryAcquire(ctx, 1)
+				require.NoError(t, err)
+				if ok {
+					n++
+				}
+			}
+			assert.Equal(t, 10, n, "client %s", id)
+		}
+	})
+}
+
+// Acquire on a leased handle waits out what Redis said, then takes a block.
+func TestLeaseAcquire(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	l := newClient(redistest.Miniredis(t), clk).FixedWindow("x").WithDefault(PerSecond(10)).WithLease(Lease{Time: time.Second})
+	for range 10 {
+		require.NoError(t, l.Acquire(ctx, 1))
+	}
+	before := clk.Now()
+	require.NoError(t, l.Acquire(ctx, 1))
+	assert.GreaterOrEqual(t, clk.Now().Sub(before), time.Second, "the next window")
+	r, err := l.Allow(ctx, 0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(9), r.Remaining)
+}
+
+// A block keeps granting while Redis is down, until its time is up; then
+// the take fails as any decision does: closed by default, granted with
+// WithFailOpen.
+func TestLeaseOutage(t *testing.T) {
+	for _, open := range []bool{false, true} {
+		t.Run(map[bool]string{false: "closed", true: "open"}[open], func(t *testing.T) {
+			ctx := context.Background()
+			srv := miniredis.RunT(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+			defer rdb.Close()
+			clk := newClock()
+			var opts []Option
+			if open {
+				opts = append(opts, WithFailOpen())
+			}
+			l := newClient(rdb, clk, opts...).Funnel("x").WithDefault(PerSecond(100)).WithLease(Lease{Time: 100 * time.Millisecond})
+			for range 2 {
+				ok, err := l.TryAcquire(ctx, 1)
+				require.NoError(t, err)
+				require.True(t, ok)
+			}
+			srv.Close()
+			for range 9 {
+				r, err := l.Allow(ctx, 1)
+				require.NoError(t, err)
+				require.Equal(t, ReasonLease, r.Reason, "the block of 10 serves on")
+			}
+			r, err := l.Allow(ctx, 1)
+			if open {
+				require.NoError(t, err)
+				assert.True(t, r.Allowed)
+				assert.Equal(t, ReasonFailOpen, r.Reason)
+			} else {
+				assert.ErrorIs(t, err, ErrUnavailable)
+				assert.False(t, r.Allowed)
+			}
+		})
+	}
 }

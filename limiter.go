@@ -321,7 +321,7 @@ func (l *Limiter) AsClient(id string) *Limiter {
 	if d.err != nil {
 		return &d
 	}
-	d.clientID = id
+	d.clientID, d.lease = id, nil // a lease's block is its own client's
 	d.keys = append(slices.Clone(l.keys[:len(l.keys)-len(l.alg.state)]), l.stateKeys(id)...)
 	d.keyArgs = boxed(d.keys)
 	limiter, decision := splitDenialKey(l.denialKey)
@@ -331,6 +331,10 @@ func (l *Limiter) AsClient(id string) *Limiter {
 
 // Name returns the limiter's full name (with the Client's prefix): the key of its config hash.
 func (l *Limiter) Name() string { return l.name }
+
+// Algorithm returns the name its config hash stores for its algorithm, as
+// observers see it: tokenbucket, funnel, fixed_window or sliding_window.
+func (l *Limiter) Algorithm() string { return l.alg.name }
 
 // WithDefault returns a handle that uses cfg while no config is stored in
 // Redis. It makes no extra round trip and stores nothing; SetRate does.
@@ -366,6 +370,7 @@ func (l *Limiter) withConfig(source string, cfg Config) *Limiter {
 	}
 	arg := cfg.arg(source)
 	d.source, d.config = source, arg
+	d.lease = nil // a block was taken under the handle's config: lease again after WithDefault
 	d.calendars = nil
 	if spec := cfg.calendars(); spec != "" {
 		d.calendars, _ = newCalendarSet(spec)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
@@ -23,8 +24,15 @@ type contender struct {
 	// prepare makes the handles for keys keys and returns the decision; it
 	// runs before the measurement, on an empty database.
 	prepare func(ctx context.Context, keys int) (decideFunc, error)
-	samples []sample // one per round, in round order
-	ours    bool     // a redlimit limiter, not a baseline or redis_rate
+	samples []sample      // one per round, in round order
+	ours    bool          // a redlimit limiter, not a baseline or redis_rate
+	lease   time.Duration // ours: its handles lease (WithLease) for so long
+}
+
+// withLease makes c's handles lease for d.
+func (c *contender) withLease(d time.Duration) *contender {
+	c.lease = d
+	return c
 }
 
 // env is what contenders share: one go-redis client with default options,
@@ -115,7 +123,8 @@ var (
 // before the measurement (the auto-pipeliner: 10,000 SetRate calls take a
 // while one at a time) and the handles have no default.
 func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, storeVia redis.Scripter, opts ...redlimit.Option) *contender {
-	return &contender{name: name, ours: true, prepare: func(ctx context.Context, keys int) (decideFunc, error) {
+	c := &contender{name: name, ours: true}
+	c.prepare = func(ctx context.Context, keys int) (decideFunc, error) {
 		// A new Client each slice: a local deny cache must not carry
 		// denials over from a database since flushed.
 		client := redlimit.New(rdb, opts...)
@@ -134,11 +143,17 @@ func ours(name string, alg algorithm, rdb redis.Scripter, cfg redlimit.Config, s
 				return nil, fmt.Errorf("SetRate: %w", err)
 			}
 		}
+		if c.lease > 0 {
+			for i, l := range limiters {
+				limiters[i] = l.WithLease(redlimit.Lease{Time: c.lease})
+			}
+		}
 		return func(ctx context.Context, key int) (bool, error) {
 			r, err := limiters[key].Allow(ctx, 1)
 			return r.Allowed, err
 		}, nil
-	}}
+	}
+	return c
 }
 
 // everyAlgorithm is ours for each algorithm, its name followed by suffix.

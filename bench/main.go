@@ -142,6 +142,7 @@ type scenario struct {
 	keys       int
 	parts      int          // slices per contender per round, so many short turns or one long one
 	flood      bool         // the limit denies most requests
+	leases     bool         // ours lease (Limiter.WithLease): a section of its own
 	contenders []*contender // the first is the baseline of the × trivial column
 }
 
@@ -215,10 +216,30 @@ func makeScenarios(e *env, o options) []*scenario {
 		}
 	}
 	callers := o.callers[len(o.callers)-1]
-	return append(out, &scenario{name: fmt.Sprintf("flood: %d callers, 1 key, %d/s", callers, floodRate), callers: callers, keys: 1, parts: 1, flood: true,
+	out = append(out, &scenario{name: fmt.Sprintf("flood: %d callers, 1 key, %d/s", callers, floodRate), callers: callers, keys: 1, parts: 1, flood: true,
 		contenders: slices.Concat([]*contender{peer(redisRate, e.rdb, floodRate)},
 			everyAlgorithm("", e.rdb, small, nil), everyAlgorithm(", local cache", e.rdb, small, nil, redlimit.WithLocalCache()))})
+	// Leases: one hot limiter whose limit is far above what even local
+	// decisions reach, so that every contender grants every request: a
+	// config holds at most a permit per µs, so the window is long.
+	hot := redlimit.Per(hotRate, hotRate*time.Microsecond)
+	if slices.Contains(o.callers, 64) {
+		callers = 64
+	}
+	var leased []*contender
+	for _, alg := range algorithms {
+		leased = append(leased, ours(alg.name+", leased", alg, e.rdb, hot, nil).withLease(leaseTime))
+	}
+	return append(out, &scenario{name: fmt.Sprintf("leases: %d callers, 1 hot limiter", callers), callers: callers, keys: 1, parts: 4, leases: true,
+		contenders: slices.Concat(peers(hotRate), leased)})
 }
+
+// hotRate is the lease scenario's limit, per hotRate µs (a token bucket's
+// rate is below 2^32), and leaseTime its lease time.
+const (
+	hotRate   = 4_000_000_000
+	leaseTime = 100 * time.Millisecond
+)
 
 func log(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", a...)

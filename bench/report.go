@@ -191,6 +191,9 @@ func (rep *report) markdown() string {
 	w("(runtime.MemStats.Mallocs).\n\n")
 	var stored, several []string
 	for _, sc := range rep.scenarios {
+		if sc.leases {
+			continue
+		}
 		w("### %s\n\n", sc.name)
 		if sc.flood {
 			w("Every caller hammers one key limited to %d/s, so about 99%% or more of the requests are denied.\n", floodRate)
@@ -257,6 +260,7 @@ func (rep *report) markdown() string {
 		w("| scenario | limiter | two rates ÷ one | three rates ÷ one | per extra rate |\n|---|---|--:|--:|--:|\n%s\n", strings.Join(several, ""))
 	}
 	rep.batching(w)
+	rep.leases(w)
 	for _, s := range rep.sections {
 		if s.title != "" {
 			w("## %s\n\n", s.title)
@@ -271,7 +275,7 @@ func (rep *report) markdown() string {
 	w("| scenario | limiter | Redis µs per decision ÷ redis_rate's | ÷ redis_rate ap's | CPU µs ÷ redis_rate's | ÷ redis_rate ap's | decisions/s ÷ redis_rate's | ÷ redis_rate ap's |\n")
 	w("|---|---|--:|--:|--:|--:|--:|--:|\n")
 	for _, sc := range rep.scenarios {
-		if sc.flood {
+		if sc.flood || sc.leases {
 			continue
 		}
 		peer, pipelined := sc.find(redisRate), sc.find(redisRate+autoPipelined)
@@ -292,7 +296,7 @@ func (rep *report) batching(w func(format string, a ...any)) {
 	var scenarios []*scenario
 	var alone *scenario
 	for _, sc := range rep.scenarios {
-		if !sc.flood {
+		if !sc.flood && !sc.leases {
 			scenarios = append(scenarios, sc)
 		}
 		if sc.callers == 1 && alone == nil {
@@ -369,6 +373,37 @@ func (rep *report) batching(w func(format string, a ...any)) {
 			ratioOf(on, off, rate), medOf(on, perDecision), medOf(off, perDecision))
 	}
 	w("\n")
+}
+
+// leases writes the lease scenario: decisions/s of leased handles against
+// redis_rate's, their latency, and how rarely they call Redis.
+func (rep *report) leases(w func(format string, a ...any)) {
+	for _, sc := range rep.scenarios {
+		if !sc.leases {
+			continue
+		}
+		w("## Leases\n\n### %s\n\n", sc.name)
+		w("Every caller asks one limiter, `Per(%d, %v)` (a config holds at most a permit per µs, so a\n", hotRate, hotRate*time.Microsecond)
+		w("limit far above what even local decisions reach needs a long window), so every request is\n")
+		w("granted; redis_rate: `PerSecond(%d)`. redlimit's handles lease\n", hotRate)
+		w("(`WithLease(redlimit.Lease{Time: %v})`): each takes a block of permits in one script call and\n", leaseTime)
+		w("grants from it in memory. Redis calls per 1,000 decisions: EVALSHA calls Redis ran (takes and\n")
+		w("refunds) over the same window. Each round gives every contender %d turns of %v.\n\n", sc.parts, rep.duration/time.Duration(sc.parts))
+		w("| contender | decisions/s | ÷ redis_rate | ÷ redis_rate%s | p50 | p99 | Redis calls per 1,000 decisions | allocs | errors |\n", autoPipelined)
+		w("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		peer, pipelined := sc.find(redisRate), sc.find(redisRate+autoPipelined)
+		for _, c := range sc.contenders {
+			var t tally
+			var calls int64
+			for _, s := range c.samples {
+				t.add(s.tally)
+				calls += s.script.calls
+			}
+			w("| %s | %s | %s | %s | %s | %s | %.3f | %.1f | %d |\n", c.name, fmtRate(c.med(rate)), ratioOf(c, peer, rate), ratioOf(c, pipelined, rate),
+				fmtDur(c.med(p50)), fmtDur(c.med(p99)), 1000*float64(calls)/float64(max(t.decisions, 1)), c.med(allocs), t.errors)
+		}
+		w("\n")
+	}
 }
 
 // fmtRate writes a count with thousands separators: 41203 → "41,203".
