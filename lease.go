@@ -176,11 +176,15 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 				return Result{}, fmt.Errorf("redlimit: %w", ctx.Err()), true
 			}
 		}
-		want := s.want(now, permits)
+		want := s.want(now, permits, l.alg.records)
 		old := s.drop()
 		s.taking = make(chan struct{})
 		s.mu.Unlock()
-		if old.held > 0 {
+		if old.held > 0 && c.now != nil {
+			// On WithClock's clock, in order: a run on a controlled clock
+			// is then the same every time.
+			_ = l.refund(ctx, old)
+		} else if old.held > 0 {
 			go l.refund(context.Background(), old)
 		}
 		return s.take(ctx, l, permits, want)
@@ -204,17 +208,24 @@ func (s *lease) most(permits int64) int64 {
 	return most
 }
 
-// want sizes the next block: twice what the last one served, scaled to a
-// whole lease time, and at least twice its size when it ran out early;
-// never fewer than permits or more than most. The lock is held.
-func (s *lease) want(now time.Time, permits int64) int64 {
+// want sizes the next block: what the last one served, scaled to a whole
+// lease time, twice over (and at least twice its size when it ran out
+// early) for room to grow, since what is not used goes back; only once
+// over for a token bucket (unrefunded: a refund would take nothing back).
+// Never fewer than permits or more than most. The lock is held.
+func (s *lease) want(now time.Time, permits int64, unrefunded bool) int64 {
 	b := s.block
 	n := permits
 	if b.size > 0 {
 		lived := max(now.Sub(b.from), time.Millisecond)
-		n = max(n, int64(2*float64(b.used)*float64(s.cfg.Time)/float64(lived)))
-		if now.Before(b.until) {
-			n = max(n, 2*b.size) // it ran out early
+		pace := float64(b.used) * float64(s.cfg.Time) / float64(lived)
+		switch {
+		case unrefunded:
+			n = max(n, int64(pace))
+		case now.Before(b.until):
+			n = max(n, int64(2*pace), 2*b.size) // it ran out early
+		default:
+			n = max(n, int64(2*pace))
 		}
 	}
 	return min(n, max(permits, s.most(permits)))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/guptarohit/asciigraph"
@@ -27,12 +28,13 @@ func isTerminal(w io.Writer) bool {
 }
 
 // terminalChart draws, per algorithm, what it granted per tick and in the
-// last interval against the limit, all on one scale so the panels compare.
+// last interval against the limit, all on one scale so the panels compare;
+// with leases, the leased run's right below the run without.
 func (c comparison) terminalChart(colour bool) string {
 	var b strings.Builder
 	seconds := float64(len(c.offered)) * c.tick.Seconds()
 	top := float64(2 * c.cfg.Rate)
-	for _, r := range c.results {
+	for _, r := range slices.Concat(c.results, c.leased) {
 		top = max(top, float64(max(slicesMax(r.rolling), slicesMax(c.offered))))
 	}
 	// The limit is drawn first, so the lines drawn over it stay visible.
@@ -63,15 +65,32 @@ func (c comparison) terminalChart(colour bool) string {
 		b.WriteString("\n")
 	}
 
-	plot(fmt.Sprintf("Traffic %q: %s. Limit: %v for every algorithm.\n", c.pattern, patterns[c.pattern].about, c.cfg),
-		1, [][]float64{floats(c.offered)}, "requests offered per "+c.tick.String())
+	plot(c.headline()+".\n", 1, [][]float64{floats(c.offered)}, "requests offered per "+c.tick.String())
 	limit := constant(float64(c.cfg.Rate), len(c.offered))
-	for _, r := range c.results {
-		plot(r.about+"\n"+c.measured(r)+":", 0,
-			[][]float64{limit, floats(r.granted), floats(r.rolling)},
-			"limit", "granted per "+c.tick.String(), "granted in the last "+c.cfg.Interval.String())
+	for i, r := range c.results {
+		runs := []string{r.about + "\n" + c.measured(r) + ":"}
+		granted := []algorithmResult{r}
+		if c.leased != nil {
+			runs[0] = r.about + "\nwithout leases: " + c.measured(r) + ":"
+			runs = append(runs, "with leases of "+c.lease.String()+": "+c.measured(c.leased[i])+":")
+			granted = append(granted, c.leased[i])
+		}
+		for j, heading := range runs {
+			plot(heading, 0,
+				[][]float64{limit, floats(granted[j].granted), floats(granted[j].rolling)},
+				"limit", "granted per "+c.tick.String(), "granted in the last "+c.cfg.Interval.String())
+		}
 	}
 	return b.String()
+}
+
+// headline says what was offered to whom.
+func (c comparison) headline() string {
+	s := fmt.Sprintf("Traffic %q: %s. Limit: %v for every algorithm", c.pattern, patterns[c.pattern].about, c.cfg)
+	if c.instances > 1 {
+		s += fmt.Sprintf(", shared by %d instances taking the requests in turn", c.instances)
+	}
+	return s
 }
 
 // Colours of the image: what was granted, in the last interval, and the limit.
@@ -83,39 +102,60 @@ var (
 )
 
 // saveImage draws the comparison to a PNG or SVG file (by its extension):
-// the offered traffic on top, then one panel per algorithm, on one scale.
+// the offered traffic on top, then one panel per algorithm, on one scale;
+// with leases, a column for the run without and one for the run with.
 func (c comparison) saveImage(path string) error {
 	format := strings.ToLower(strings.TrimPrefix(filepath.Ext(path), "."))
 	top := float64(2 * c.cfg.Rate)
-	for _, r := range c.results {
+	for _, r := range slices.Concat(c.results, c.leased) {
 		top = max(top, float64(slicesMax(r.rolling)))
 	}
 	top *= 1.5 // room for the legend above the highest line
 
-	rows := [][]*plot.Plot{{c.panel(
-		fmt.Sprintf("Traffic %q: %s (limit %v)", c.pattern, patterns[c.pattern].about, c.cfg),
-		max(top, float64(slicesMax(c.offered))*1.5),
-		steps(c.offered, c.tick.Seconds(), offeredColour, "requests offered per "+c.tick.String()),
-	)}}
-	for _, r := range c.results {
-		rows = append(rows, []*plot.Plot{c.panel(r.about+"\n"+c.measured(r), top,
+	offered := c.panel(c.headline(), max(top, float64(slicesMax(c.offered))*1.5),
+		steps(c.offered, c.tick.Seconds(), offeredColour, "requests offered per "+c.tick.String()))
+	granted := func(title string, r algorithmResult) *plot.Plot {
+		return c.panel(title, top,
 			steps(r.granted, c.tick.Seconds(), grantedColour, "granted per "+c.tick.String()),
 			line(floats(r.rolling), c.tick.Seconds(), rollingColour, nil, "granted in the last "+c.cfg.Interval.String()),
 			line(constant(float64(c.cfg.Rate), len(r.granted)), c.tick.Seconds(), limitColour, []vg.Length{vg.Points(6), vg.Points(4)}, "limit"),
-		)})
+		)
 	}
+	var rows [][]*plot.Plot
+	for i, r := range c.results {
+		if c.leased == nil {
+			rows = append(rows, []*plot.Plot{granted(r.about+"\n"+c.measured(r), r)})
+			continue
+		}
+		rows = append(rows, []*plot.Plot{
+			granted(r.about+"\nwithout leases: "+c.measured(r), r),
+			granted("with leases of "+c.lease.String()+": "+c.measured(c.leased[i]), c.leased[i]),
+		})
+	}
+	cols := len(rows[0])
 
-	width, height := 10*vg.Inch, vg.Length(len(rows))*2.6*vg.Inch
+	// The offered traffic spans the columns: it is the same for both runs.
+	rowHeight := 2.6 * vg.Inch
+	width, height := vg.Length(cols)*10*vg.Inch, vg.Length(len(rows)+1)*rowHeight
 	canvas, err := draw.NewFormattedCanvas(width, height, format)
 	if err != nil {
 		return err
 	}
-	tiles := draw.Tiles{Rows: len(rows), Cols: 1, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 6,
-		PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 5}
+	whole := draw.New(canvas)
+	tiles := func(rows, cols int) draw.Tiles {
+		return draw.Tiles{Rows: rows, Cols: cols, PadX: vg.Millimeter * 8, PadY: vg.Millimeter * 6,
+			PadTop: vg.Millimeter * 3, PadBottom: vg.Millimeter * 3, PadLeft: vg.Millimeter * 3, PadRight: vg.Millimeter * 5}
+	}
 	rows[len(rows)-1][0].X.Label.Text = "seconds"
-	canvases := plot.Align(rows, tiles, draw.New(canvas))
+	if cols > 1 {
+		rows[len(rows)-1][1].X.Label.Text = "seconds"
+	}
+	offered.Draw(plot.Align([][]*plot.Plot{{offered}}, tiles(1, 1), draw.Crop(whole, 0, 0, height-rowHeight, 0))[0][0])
+	canvases := plot.Align(rows, tiles(len(rows), cols), draw.Crop(whole, 0, 0, 0, -rowHeight))
 	for i := range rows {
-		rows[i][0].Draw(canvases[i][0])
+		for j := range rows[i] {
+			rows[i][j].Draw(canvases[i][j])
+		}
 	}
 	f, err := os.Create(path)
 	if err != nil {

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -25,8 +27,14 @@ time), and charts what each granted: per tick, and in the last interval against
 the limit. With -and, every limiter has a further rate too (Config.And), and
 each panel says how close each rate came to its limit.
 
+With -instances, the requests go in turn to that many instances, each with its
+own Client on the one limit. With -lease, every algorithm runs again on the
+same requests with each instance's handle leased (WithLease), charted beside
+the run without, with the busiest span of those the lease bound covers.
+
 	redlimit compare -pattern edge -out compare.png
 	redlimit compare -pattern steady -and 25/5s
+	redlimit compare -pattern steady -rate 100 -instances 3 -lease 100ms
 `, stderr)
 	var be backend
 	be.addFlags(fs)
@@ -37,6 +45,8 @@ each panel says how close each rate came to its limit.
 	out := fs.String("out", "", "also draw the chart to this file: .png or .svg")
 	var and moreRates
 	fs.Var(&and, "and", "a further rate for every algorithm, N/PERIOD such as 25/5s; repeat for more")
+	instances := fs.Int("instances", 1, "how many instances share each limit, taking the requests in turn")
+	lease := fs.Duration("lease", 0, "also run every algorithm with leases of this time (WithLease); 0: none")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -53,6 +63,11 @@ each panel says how close each rate came to its limit.
 		return invalid(fs, "-rate %d: want 1 to 1000", *rate)
 	case *interval < 10*time.Millisecond:
 		return invalid(fs, "-interval %v: want at least 10ms", *interval)
+	case *instances < 1 || *instances > maxInstances:
+		return invalid(fs, "-instances %d: want 1 to %d", *instances, maxInstances)
+	case *lease < 0 || *lease >= *interval:
+		// A block used for a whole interval would leave the bound nothing.
+		return invalid(fs, "-lease %v: want 0 (no leases) or less than the interval, %v", *lease, *interval)
 	}
 	cfg := redlimit.Per(*rate, *interval).And(and.rates...)
 	if err := redlimit.New(nil).FixedWindow("compare").Validate(cfg); err != nil {
@@ -66,7 +81,8 @@ each panel says how close each rate came to its limit.
 	rdb := be.newClient()
 	defer rdb.Close()
 
-	c, err := simulate(ctx, rdb, *pattern, cfg, time.Duration(*windows)*cfg.Interval)
+	c, err := simulate(ctx, rdb, scenario{pattern: *pattern, cfg: cfg, length: time.Duration(*windows) * cfg.Interval,
+		instances: *instances, lease: *lease})
 	if err != nil {
 		fmt.Fprintf(stderr, "redlimit compare: %v\n", err)
 		return exitFail
@@ -139,28 +155,57 @@ var algorithms = []struct {
 	name    string
 	limiter func(*redlimit.Client, string) *redlimit.Limiter
 	about   func(cfg redlimit.Config) string
+	// bound is what lease.go promises of the algorithm's grants with leases
+	// of d, for cfg's own rate.
+	bound func(cfg redlimit.Config, d time.Duration) leaseBound
 }{
 	{"fixed_window", (*redlimit.Client).FixedWindow, func(redlimit.Config) string {
 		return "fixed window: counts per window, so bursts either side of an edge pass up to 2× the limit"
+	}, func(cfg redlimit.Config, _ time.Duration) leaseBound {
+		return leaseBound{limit: cfg.Rate} // a block is never used past its window
 	}},
 	{"sliding_window", (*redlimit.Client).SlidingWindow, func(cfg redlimit.Config) string {
 		return fmt.Sprintf("sliding window: sums 10 sub-windows, so the limit holds over any %v", cfg.Interval*9/10)
+	}, func(cfg redlimit.Config, d time.Duration) leaseBound {
+		buckets := time.Duration(cmp.Or(cfg.Buckets, 10))
+		return leaseBound{span: cfg.Interval*(buckets-1)/buckets - d, limit: cfg.Rate}
 	}},
 	{"tokenbucket", (*redlimit.Client).TokenBucket, func(cfg redlimit.Config) string {
 		return fmt.Sprintf("token bucket: a full bucket grants all %d at once; each permit returns %v later", cfg.Rate, cfg.Interval)
+	}, func(cfg redlimit.Config, d time.Duration) leaseBound {
+		return leaseBound{span: cfg.Interval - d, limit: cfg.Rate}
 	}},
 	{"funnel", (*redlimit.Client).Funnel, func(cfg redlimit.Config) string {
 		return fmt.Sprintf("funnel: takes a burst of %d, then drains smoothly, one permit every %v", cfg.Rate, cfg.Interval/time.Duration(cfg.Rate))
+	}, func(cfg redlimit.Config, d time.Duration) leaseBound {
+		// Burst + Rate × (t + d) / Interval, taken at t = Interval: the span
+		// the chart's line counts over.
+		hi, lo := bits.Mul64(uint64(cfg.Rate), uint64(d))
+		inLease, _ := bits.Div64(hi, lo, uint64(cfg.Interval)) // d < Interval: cannot overflow
+		return leaseBound{span: cfg.Interval, limit: cmp.Or(cfg.Burst, cfg.Rate) + cfg.Rate + int64(inLease)}
 	}},
+}
+
+// maxInstances bounds -instances: enough to show the blocks leases hold
+// across a fleet, few enough to chart.
+const maxInstances = 16
+
+// A scenario is what compare simulates.
+type scenario struct {
+	pattern   string
+	cfg       redlimit.Config
+	length    time.Duration
+	instances int           // the requests go to them in turn
+	lease     time.Duration // > 0: every algorithm runs again, leased
 }
 
 // comparison is what simulate saw, counted per tick (a tenth of the interval).
 type comparison struct {
-	pattern string
-	cfg     redlimit.Config
+	scenario
 	tick    time.Duration
 	offered []int
-	results []algorithmResult
+	results []algorithmResult // in algorithms' order
+	leased  []algorithmResult // the same with leases; nil without
 }
 
 type algorithmResult struct {
@@ -171,57 +216,132 @@ type algorithmResult struct {
 	// busiest is the most grants in any span of one interval, from the
 	// exact grant times; one per rate, the config's first.
 	busiest []int
+	// With leases only: the lease time, the bound lease.go states for it
+	// with what the run came to, and what the instances' leases did, summed.
+	lease time.Duration
+	bound leaseBound
+	stats redlimit.LeaseStats
 }
 
-// simulate offers the pattern's requests to one limiter of each algorithm,
-// all with cfg, on a controlled clock that starts on a window edge.
-func simulate(ctx context.Context, rdb redis.Scripter, patternName string, cfg redlimit.Config, length time.Duration) (comparison, error) {
+// leaseBound is lease.go's bound for one algorithm and lease time: no span
+// of span grants more than limit; span 0 is one of the limiter's own
+// windows (the fixed window's), and a span below 0 is no bound at all.
+type leaseBound struct {
+	span  time.Duration
+	limit int64
+	most  int // the most one such span granted
+}
+
+// A trial is one limiter per algorithm, seen through each instance's
+// handle: the run without leases, or the one with.
+type trial struct {
+	handles [][]*redlimit.Limiter // [algorithm][instance]
+	grants  [][]time.Duration     // [algorithm]: when each grant was made
+	results []algorithmResult
+}
+
+// simulate offers the pattern's requests, in turn to each instance, to one
+// limiter of each algorithm, all with cfg, on a controlled clock that starts
+// on a window edge; then, with a lease time, to one more per algorithm, each
+// instance's handle leased.
+func simulate(ctx context.Context, rdb redis.Scripter, s scenario) (comparison, error) {
 	base := time.Unix(1_800_000_000, 0)
-	start := base.Add(-time.Duration(base.UnixNano() % int64(cfg.Interval))) // epoch-aligned, as fixed windows are
+	start := base.Add(-time.Duration(base.UnixNano() % int64(s.cfg.Interval))) // epoch-aligned, as fixed windows are
+	// On a clock of its own, a leased handle gives a block back within the
+	// request that drops it (lease.go), so every run is the same.
 	now := start
-	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now }))
+	clock := redlimit.WithClock(func() time.Time { return now })
+	clients := make([]*redlimit.Client, max(s.instances, 1))
+	for i := range clients {
+		clients[i] = redlimit.New(rdb, clock)
+	}
 	name := uniqueName("redlimit-compare:")
 
-	c := comparison{pattern: patternName, cfg: cfg, tick: cfg.Interval / 10}
-	ticks := int(length / c.tick)
+	c := comparison{scenario: s, tick: s.cfg.Interval / 10}
+	ticks := int(s.length / c.tick)
 	c.offered = make([]int, ticks)
-	limiters := make([]*redlimit.Limiter, len(algorithms))
-	grants := make([][]time.Duration, len(algorithms))
-	for i, a := range algorithms {
-		limiters[i] = a.limiter(client, name+":"+a.name).WithDefault(cfg)
-		c.results = append(c.results, algorithmResult{name: a.name, about: a.about(cfg), granted: make([]int, ticks)})
+	newTrial := func(name string, lease time.Duration) *trial {
+		r := &trial{grants: make([][]time.Duration, len(algorithms))}
+		for _, a := range algorithms {
+			var handles []*redlimit.Limiter
+			for _, client := range clients {
+				l := a.limiter(client, name+":"+a.name).WithDefault(s.cfg)
+				if lease > 0 {
+					l = l.WithLease(redlimit.Lease{Time: lease})
+				}
+				handles = append(handles, l)
+			}
+			r.handles = append(r.handles, handles)
+			r.results = append(r.results, algorithmResult{name: a.name, about: a.about(s.cfg), granted: make([]int, ticks), lease: lease})
+		}
+		return r
 	}
-	for _, at := range patterns[patternName].arrivals(cfg.Rate, cfg.Interval, length) {
+	trials := []*trial{newTrial(name, 0)}
+	if s.lease > 0 {
+		trials = append(trials, newTrial(name+":leased", s.lease))
+	}
+
+	for k, at := range patterns[s.pattern].arrivals(s.cfg.Rate, s.cfg.Interval, s.length) {
 		now = start.Add(at)
 		tick := int(at / c.tick)
 		c.offered[tick]++
-		for i, l := range limiters {
-			ok, err := l.TryAcquire(ctx, 1)
-			if err != nil {
-				return comparison{}, fmt.Errorf("%s: %w", algorithms[i].name, err)
-			}
-			if ok {
-				c.results[i].granted[tick]++
-				grants[i] = append(grants[i], at)
+		for _, r := range trials {
+			for i, handles := range r.handles {
+				ok, err := handles[k%len(handles)].TryAcquire(ctx, 1)
+				if err != nil {
+					return comparison{}, fmt.Errorf("%s: %w", algorithms[i].name, err)
+				}
+				if ok {
+					r.results[i].granted[tick]++
+					r.grants[i] = append(r.grants[i], at)
+				}
 			}
 		}
 	}
-	for i, l := range limiters {
-		if _, err := l.Delete(ctx); err != nil {
-			return comparison{}, err
-		}
-		r := &c.results[i]
-		r.rolling = make([]int, ticks)
-		for t := range ticks {
-			for back := t; back > t-10 && back >= 0; back-- {
-				r.rolling[t] += r.granted[back]
+
+	for _, r := range trials {
+		for i, handles := range r.handles {
+			res := &r.results[i]
+			for _, h := range handles {
+				// A leased handle gives its unused permits back.
+				if err := h.Close(ctx); err != nil {
+					return comparison{}, fmt.Errorf("%s: %w", algorithms[i].name, err)
+				}
+				st := h.LeaseStats()
+				res.stats.Calls += st.Calls
+				res.stats.Taken += st.Taken
+				res.stats.Used += st.Used
+				res.stats.Returned += st.Returned
+			}
+			if _, err := handles[0].Delete(ctx); err != nil {
+				return comparison{}, err
+			}
+			res.rolling = make([]int, ticks)
+			for t := range ticks {
+				for back := t; back > t-10 && back >= 0; back-- {
+					res.rolling[t] += res.granted[back]
+				}
+			}
+			grants := r.grants[i]
+			res.total = len(grants)
+			res.busiest = append(res.busiest, busiest(grants, s.cfg.Interval))
+			for _, more := range s.cfg.More {
+				res.busiest = append(res.busiest, busiest(grants, more.Interval))
+			}
+			if res.lease > 0 {
+				res.bound = algorithms[i].bound(s.cfg, res.lease)
+				switch {
+				case res.bound.span == 0:
+					res.bound.most = busiestWindow(grants, s.cfg.Interval)
+				case res.bound.span > 0:
+					res.bound.most = busiest(grants, res.bound.span)
+				}
 			}
 		}
-		r.total = len(grants[i])
-		r.busiest = append(r.busiest, busiest(grants[i], cfg.Interval))
-		for _, more := range cfg.More {
-			r.busiest = append(r.busiest, busiest(grants[i], more.Interval))
-		}
+	}
+	c.results = trials[0].results
+	if len(trials) > 1 {
+		c.leased = trials[1].results
 	}
 	return c, nil
 }
@@ -238,11 +358,48 @@ func busiest(times []time.Duration, span time.Duration) int {
 	return most
 }
 
-// measured is what an algorithm's chart shows, in numbers.
+// busiestWindow returns the most of the sorted times in one window of
+// interval; the run starts on a window's edge.
+func busiestWindow(times []time.Duration, interval time.Duration) int {
+	most, first := 0, 0
+	for last := range times {
+		for times[first]/interval != times[last]/interval {
+			first++
+		}
+		most = max(most, last-first+1)
+	}
+	return most
+}
+
+// measured is what an algorithm's chart shows, in numbers; for a leased run,
+// the busiest span of those the lease bound covers, and the leases' figures.
 func (c comparison) measured(r algorithmResult) string {
+	if r.lease > 0 {
+		return c.measuredLeased(r)
+	}
 	s := fmt.Sprintf("%d granted; at most %d in any %v (limit %d)", r.total, r.busiest[0], c.cfg.Interval, c.cfg.Rate)
 	for i, more := range c.cfg.More {
 		s += fmt.Sprintf(", %d in any %v (limit %d)", r.busiest[i+1], more.Interval, more.Rate)
 	}
 	return s
+}
+
+func (c comparison) measuredLeased(r algorithmResult) string {
+	b := r.bound
+	s := fmt.Sprintf("%d granted; ", r.total)
+	if b.span < 0 {
+		s += fmt.Sprintf("the lease bound covers no span with leases of %v", r.lease)
+	} else {
+		span := "one window"
+		if b.span > 0 {
+			span = "any " + b.span.String()
+		}
+		held := "within"
+		if int64(b.most) > b.limit {
+			held = "ABOVE"
+		}
+		s += fmt.Sprintf("at most %d in %s, %s the lease bound of %d", b.most, span, held, b.limit)
+	}
+	return s + fmt.Sprintf("\nleases: %d calls, %d permits taken, %d used, %d given back",
+		r.stats.Calls, r.stats.Taken, r.stats.Used, r.stats.Returned)
 }

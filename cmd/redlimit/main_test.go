@@ -73,6 +73,13 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"compare", "-out", "chart.jpg"}, exitUsage, "want a .png or .svg file"},
 		{[]string{"compare", "-and", "5/5s"}, exitUsage, "5 per 5s grants no more than 10 per 1s"},
 		{[]string{"compare", "-and", "50/5s,burst=60"}, exitUsage, `"50/5s,burst=60" has options`},
+		{[]string{"compare", "-h"}, exitOK, "-lease"},
+		{[]string{"compare", "-instances", "0"}, exitUsage, "-instances 0: want 1 to 16"},
+		{[]string{"compare", "-instances", "17"}, exitUsage, "-instances 17: want 1 to 16"},
+		{[]string{"compare", "-lease", "-1ms"}, exitUsage, "-lease -1ms: want 0 (no leases) or less than the interval, 1s"},
+		{[]string{"compare", "-lease", "1s"}, exitUsage, "-lease 1s: want 0 (no leases) or less than the interval, 1s"},
+		{[]string{"compare", "-interval", "500ms", "-lease", "700ms"}, exitUsage, "-lease 700ms: want 0 (no leases) or less than the interval, 500ms"},
+		{[]string{"compare", "-lease", "soon"}, exitUsage, `invalid value "soon" for flag -lease`},
 		{[]string{"demo", "-and", "50/2500ms"}, exitUsage, "-and 50 per 2.5s: want a PERIOD of whole seconds, at least 2s"},
 		{[]string{"demo", "-and", "15/2s"}, exitUsage, "15 per 2s grants no more than 20 per 1s"},
 	}
@@ -124,7 +131,7 @@ func TestSimulate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.pattern, func(t *testing.T) {
-			c, err := simulate(context.Background(), rdb, tt.pattern, redlimit.PerSecond(10), 4*time.Second)
+			c, err := simulate(context.Background(), rdb, scenario{pattern: tt.pattern, cfg: redlimit.PerSecond(10), length: 4 * time.Second, instances: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -168,7 +175,7 @@ func TestSimulateSeveralRates(t *testing.T) {
 		rdb := newRDB()
 		for _, tt := range tests {
 			t.Run(tt.pattern, func(t *testing.T) {
-				c, err := simulate(context.Background(), rdb, tt.pattern, cfg, 8*time.Second)
+				c, err := simulate(context.Background(), rdb, scenario{pattern: tt.pattern, cfg: cfg, length: 8 * time.Second, instances: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -186,6 +193,136 @@ func TestSimulateSeveralRates(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestCompareLeases: the leased run of `compare -pattern steady -instances
+// 3 -lease 100ms`, by hand. 20 requests a second, in turn to 3 instances,
+// on 10 per second: a block is at most a tenth of the limit, one permit, so
+// the leased run grants what the run without does, and its calls are the
+// grants plus the takes refused. The windows and the token bucket grant 10
+// in the first half of each second, and refuse the next request each
+// instance makes, which then refuses on its own until the second ends (the
+// refusal's retry-after): 60 grants and 18 refusals in 6s. The funnel's
+// refusals last its 100ms drip, and an instance asks again only 150ms later:
+// a call per request, 120. Its bound over 1s is its burst, 10, plus the
+// 1s + 100ms of drip, 11.
+func TestCompareLeases(t *testing.T) {
+	args := []string{"compare", "-pattern", "steady", "-instances", "3", "-lease", "100ms"}
+	code, stdout, stderr := runCommand(t, args...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{
+		"Limit: 10 per 1s for every algorithm, shared by 3 instances taking the requests in turn.\n",
+		"fixed window: counts per window, so bursts either side of an edge pass up to 2× the limit\n" +
+			"without leases: 60 granted; at most 10 in any 1s (limit 10):\n",
+		"with leases of 100ms: 60 granted; at most 10 in one window, within the lease bound of 10\n" +
+			"leases: 78 calls, 60 permits taken, 60 used, 0 given back:\n",
+		"with leases of 100ms: 60 granted; at most 10 in any 800ms, within the lease bound of 10\n" +
+			"leases: 78 calls, 60 permits taken, 60 used, 0 given back:\n",
+		"with leases of 100ms: 60 granted; at most 10 in any 900ms, within the lease bound of 10\n" +
+			"leases: 78 calls, 60 permits taken, 60 used, 0 given back:\n",
+		"without leases: 69 granted; at most 19 in any 1s (limit 10):\n",
+		"with leases of 100ms: 69 granted; at most 19 in any 1s, within the lease bound of 21\n" +
+			"leases: 120 calls, 69 permits taken, 69 used, 0 given back:\n",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+	if n := strings.Count(stdout, "with leases of 100ms: "); n != 4 {
+		t.Errorf("%d leased runs, want 4:\n%s", n, stdout)
+	}
+	if _, again, _ := runCommand(t, args...); again != stdout {
+		t.Errorf("a second run differs:\n%s\nthe first:\n%s", again, stdout)
+	}
+}
+
+// TestSimulateLeases: leases of blocks larger than one permit, on 100 per
+// second, twice that offered to 3 instances, on miniredis and a real Redis.
+// Each instance gets 6.7 requests per 100ms lease and takes blocks of up to
+// 10 (a tenth of the limit), so blocks end with permits unused, given back
+// before the next block is taken:
+//   - fixed window: demand twice the limit empties every block before its
+//     window ends, so what goes back goes back within its window and is all
+//     taken back: every window grants its 100, 600 as without leases;
+//   - sliding window: all that goes back is taken back too: 600;
+//   - token bucket: nothing could go back (its records cannot take a permit
+//     back), so its blocks are sized to the pace of the last one alone, and
+//     every permit taken is used: 600;
+//   - funnel: a block's grant drains out of the funnel within the lease
+//     (10 permits at one per 10ms), so none of what goes back is taken back.
+//
+// Every run keeps to the bound lease.go states, and -instances alone
+// changes nothing: every decision is Redis's.
+func TestSimulateLeases(t *testing.T) {
+	type figures struct {
+		total, busiest, bound int
+		stats                 redlimit.LeaseStats
+	}
+	want := map[string]figures{
+		"fixed_window":   {600, 100, 100, redlimit.LeaseStats{Calls: 198, Taken: 816, Used: 600, Returned: 216}},
+		"sliding_window": {600, 100, 100, redlimit.LeaseStats{Calls: 220, Taken: 755, Used: 600, Returned: 155}},
+		"tokenbucket":    {600, 100, 100, redlimit.LeaseStats{Calls: 138, Taken: 600, Used: 600, Returned: 0}},
+		// 100 + 100 × (1s + 100ms) / 1s
+		"funnel": {657, 156, 210, redlimit.LeaseStats{Calls: 577, Taken: 699, Used: 657, Returned: 0}},
+	}
+	unleased := map[string]int{"fixed_window": 600, "sliding_window": 600, "tokenbucket": 600, "funnel": 699}
+	s := scenario{pattern: "steady", cfg: redlimit.PerSecond(100), length: 6 * time.Second, instances: 3, lease: 100 * time.Millisecond}
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		c, err := simulate(context.Background(), newRDB(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(c.results) != 4 || len(c.leased) != 4 {
+			t.Fatalf("%d results, %d leased: want 4 of each", len(c.results), len(c.leased))
+		}
+		for i, r := range c.leased {
+			got := figures{r.total, r.bound.most, int(r.bound.limit), r.stats}
+			if r.name != c.results[i].name || got != want[r.name] {
+				t.Errorf("%s: %+v, want %+v", r.name, got, want[r.name])
+			}
+			if c.results[i].total != unleased[r.name] {
+				t.Errorf("%s without leases: %d granted, want %d", r.name, c.results[i].total, unleased[r.name])
+			}
+			if len(r.granted) != 60 || len(r.rolling) != 60 || slicesSum(r.granted) != r.total {
+				t.Errorf("%s: %d ticks granting %d, want 60 granting %d", r.name, len(r.granted), slicesSum(r.granted), r.total)
+			}
+		}
+		alone, err := simulate(context.Background(), newRDB(), scenario{pattern: "steady", cfg: s.cfg, length: s.length, instances: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range alone.results {
+			if r.total != c.results[i].total || r.busiest[0] != c.results[i].busiest[0] {
+				t.Errorf("%s: one instance granted %d (%d in 1s), three %d (%d)", r.name, r.total, r.busiest[0], c.results[i].total, c.results[i].busiest[0])
+			}
+		}
+	})
+}
+
+// TestLeaseBoundMeasured: measured says when a run passes the bound, and
+// when the lease is too long for the bound to cover any span.
+func TestLeaseBoundMeasured(t *testing.T) {
+	c := comparison{scenario: scenario{cfg: redlimit.PerSecond(10)}}
+	r := algorithmResult{total: 12, lease: 100 * time.Millisecond, bound: leaseBound{span: 900 * time.Millisecond, limit: 10, most: 11},
+		stats: redlimit.LeaseStats{Calls: 5, Taken: 14, Used: 12, Returned: 2}}
+	if got, want := c.measured(r), "12 granted; at most 11 in any 900ms, ABOVE the lease bound of 10\nleases: 5 calls, 14 permits taken, 12 used, 2 given back"; got != want {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+	r.lease = 950 * time.Millisecond
+	r.bound = algorithms[1].bound(c.cfg, r.lease) // the sliding window's: none over 900ms − 950ms
+	if got, want := c.measured(r), "12 granted; the lease bound covers no span with leases of 950ms\nleases: 5 calls, 14 permits taken, 12 used, 2 given back"; got != want {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+}
+
+func slicesSum(counts []int) int {
+	sum := 0
+	for _, n := range counts {
+		sum += n
+	}
+	return sum
 }
 
 func TestCompareDrawsCharts(t *testing.T) {
