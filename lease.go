@@ -24,8 +24,8 @@ import (
 // those Redis made, each moved later by less than Time:
 //   - fixed window: a block is never used past its window's end, so no
 //     window ever grants more than Rate: the bound is the limiter's own;
-//   - sliding window and token bucket: no span of Interval − Time grants
-//     more than Rate;
+//   - sliding window: no span of Interval × (buckets − 1) / buckets − Time
+//     grants more than Rate; token bucket: no span of Interval − Time;
 //   - funnel: no span of length t grants more than Burst + Rate × (t + Time)
 //     / Interval, the GCRA's bound over a span Time longer.
 // What a block holds unused is denied to every other instance until it is
@@ -105,9 +105,11 @@ type lease struct {
 	mu     sync.Mutex
 	closed bool
 	block  block
-	// last is Redis's answer to the latest take; a denied take's says
-	// until when requests of as many permits or more are denied here.
+	// last is Redis's answer to the latest take, sent at lastAt; a denied
+	// take's says until when requests of as many permits or more are
+	// denied here.
 	last         Result
+	lastAt       time.Time
 	deniedUntil  time.Time
 	deniedAsking int64
 	// taking: closed when the take in flight returns; nil when none is.
@@ -154,7 +156,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 			b.used += permits
 			r = s.last
 			r.Allowed, r.RetryAfter, r.Remaining, r.Reason = true, 0, b.held+s.last.Remaining, ReasonLease
-			r.ResetAfter = max(0, r.ResetAfter-now.Sub(b.from))
+			r.ResetAfter = max(0, r.ResetAfter-now.Sub(s.lastAt))
 			s.mu.Unlock()
 			s.used.Add(permits)
 			return r, nil, true
@@ -162,7 +164,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 		if now.Before(s.deniedUntil) && permits >= s.deniedAsking && b.held < permits {
 			r = s.last
 			r.RetryAfter, r.Reason = s.deniedUntil.Sub(now), ReasonLease
-			r.ResetAfter = max(0, r.ResetAfter-now.Sub(b.from))
+			r.ResetAfter = max(0, r.ResetAfter-now.Sub(s.lastAt))
 			s.mu.Unlock()
 			return r, nil, true
 		}
@@ -256,7 +258,7 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 	if err != nil {
 		return Result{}, err, true
 	}
-	s.last = r
+	s.last, s.lastAt = r, from
 	s.deniedUntil = time.Time{}
 	if taken == 0 {
 		if r.RetryAfter > 0 {

@@ -538,3 +538,29 @@ func TestLeaseTimerGivesBack(t *testing.T) {
 		assert.Equal(t, int64(98), available(t, l))
 	})
 }
+
+// A take re-sent under a request log (go-redis re-sends a call whose reply
+// it did not read) is counted once, and says no more than its first run
+// took: its first run took the 4 that fit of the 6 it wanted; the second
+// says 1, the least it asked for.
+func TestLeaseTakeResent(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		l := newClient(rdb, clk, WithRetryWindow(time.Minute)).FixedWindow(uniqueName(t)).WithDefault(PerSecond(10))
+		_, taken := leaseOf(t, l, 6, 1)
+		require.Equal(t, int64(6), taken)
+		id := newRequestID()
+		take := func() int64 {
+			reply, err := l.client.run(ctx, l.alg.script, l.keyArgs,
+				[]any{opLease, clk.Now().UnixMicro(), "6 1", l.config, "", id, time.Minute.Milliseconds(), l.clientID})
+			require.NoError(t, err)
+			_, _, taken, ok := leaseReply(reply)
+			require.True(t, ok, "%v", reply)
+			return taken
+		}
+		assert.Equal(t, int64(4), take(), "the 4 that fit")
+		assert.Equal(t, int64(1), take(), "the same take, again")
+		assert.Equal(t, int64(0), available(t, l), "counted once")
+	})
+}

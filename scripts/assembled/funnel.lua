@@ -919,6 +919,13 @@ elseif op == 'lease' then
   end
   local args = { unpack(ARGV) }
   args[OP], args[PERMITS] = 'allow', want
+  -- A take re-sent under a request log (WithRetryWindow) is not counted
+  -- again, and its first run took least or more: it says least, so that
+  -- its client never holds more than Redis counted.
+  if ARGV[LOG_WINDOW] and ARGV[LOG_WINDOW] ~= '' then
+    local seen = redis.pcall('ZSCORE', KEYS[REQUESTS], ARGV[ID])
+    if seen and not seen.err then args[PERMITS] = least end
+  end
   local reply = decide(KEYS, args)
   -- A reply's kind is one letter, and allowed its first number.
   if type(reply) == 'string' and string.byte(reply, 3) == 48 and want ~= least then
