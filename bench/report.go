@@ -151,6 +151,15 @@ func pairedRatio(a, b *contender, figure func(sample) float64) float64 {
 	return median(xs)
 }
 
+// totals adds up c's decisions over every turn, and the EVALSHA calls Redis ran.
+func (c *contender) totals() (t tally, calls int64) {
+	for _, s := range c.samples {
+		t.add(s.tally)
+		calls += s.script.calls
+	}
+	return t, calls
+}
+
 // spread is (highest − lowest) ÷ median decisions/s over the turns.
 func (c *contender) spread() string {
 	if len(c.samples) < 2 || c.med(rate) == 0 {
@@ -214,12 +223,7 @@ func (rep *report) markdown() string {
 			w("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		}
 		for _, c := range sc.contenders {
-			var t tally
-			var calls int64
-			for _, s := range c.samples {
-				t.add(s.tally)
-				calls += s.script.calls
-			}
+			t, calls := c.totals()
 			tail := fmt.Sprintf("| %s | %s | %.1f | %d |\n", fmtDur(c.med(p50)), fmtDur(c.med(p99)), c.med(allocs), t.errors)
 			if !sc.flood {
 				tail = fmt.Sprintf("| %.1f + %.1f %s", c.med(clientCPU), c.med(serverCPU), tail)
@@ -393,12 +397,7 @@ func (rep *report) leases(w func(format string, a ...any)) {
 		w("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		peer, pipelined := sc.find(redisRate), sc.find(redisRate+autoPipelined)
 		for _, c := range sc.contenders {
-			var t tally
-			var calls int64
-			for _, s := range c.samples {
-				t.add(s.tally)
-				calls += s.script.calls
-			}
+			t, calls := c.totals()
 			w("| %s | %s | %s | %s | %s | %s | %.3f | %.1f | %d |\n", c.name, fmtRate(c.med(rate)), ratioOf(c, peer, rate), ratioOf(c, pipelined, rate),
 				fmtDur(c.med(p50)), fmtDur(c.med(p99)), 1000*float64(calls)/float64(max(t.decisions, 1)), c.med(allocs), t.errors)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/redlimit/redlimit"
@@ -24,14 +23,7 @@ const HeldName = "redlimit.inflight.held"
 // Unregister it (Registration.Unregister) to stop asking. A nil provider is
 // the global one.
 func InFlightGauge(provider metric.MeterProvider, limits []*redlimit.InFlight, opts ...Option) (metric.Registration, error) {
-	cfg := config{limiterName: LimiterBase}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if provider == nil {
-		provider = otel.GetMeterProvider()
-	}
-	meter := provider.Meter(ScopeName)
+	meter, cfg := meterOf(provider, opts)
 	held, err := meter.Int64ObservableGauge(HeldName,
 		metric.WithDescription("Holds of a redlimit in-flight limit live now, across every instance."),
 		metric.WithUnit("{hold}"))

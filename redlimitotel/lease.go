@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -30,14 +29,7 @@ const LeaseKey = attribute.Key("redlimit.lease")
 // WithFullLimiterName) and its algorithm. Decisions, local or not, are
 // counted by a Client's Observer. A nil provider is the global one.
 func LeaseCounters(provider metric.MeterProvider, limiters []*redlimit.Limiter, opts ...Option) (metric.Registration, error) {
-	cfg := config{limiterName: LimiterBase}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if provider == nil {
-		provider = otel.GetMeterProvider()
-	}
-	meter := provider.Meter(ScopeName)
+	meter, cfg := meterOf(provider, opts)
 	permits, err1 := meter.Int64ObservableCounter(LeasePermitsName,
 		metric.WithDescription("Permits redlimit's leased handles took into blocks, used from them, and gave back."),
 		metric.WithUnit("{permit}"))

@@ -97,14 +97,7 @@ func LimiterBase(name string) string {
 // many clients have a limiter of their own. A nil provider is the global
 // one (otel.GetMeterProvider).
 func Observer(provider metric.MeterProvider, opts ...Option) (func(redlimit.Decision), error) {
-	cfg := config{limiterName: LimiterBase}
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if provider == nil {
-		provider = otel.GetMeterProvider()
-	}
-	meter := provider.Meter(ScopeName)
+	meter, cfg := meterOf(provider, opts)
 	decisions, err1 := meter.Int64Counter(DecisionsName,
 		metric.WithDescription("Rate-limit decisions made by redlimit."),
 		metric.WithUnit("{decision}"))
@@ -135,4 +128,17 @@ func Observer(provider metric.MeterProvider, opts ...Option) (func(redlimit.Deci
 		decisions.Add(ctx, 1, attrs)
 		duration.Record(ctx, d.Latency.Seconds(), attrs)
 	}, nil
+}
+
+// meterOf applies opts and returns the package's meter from provider, the
+// global one when nil.
+func meterOf(provider metric.MeterProvider, opts []Option) (metric.Meter, config) {
+	cfg := config{limiterName: LimiterBase}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if provider == nil {
+		provider = otel.GetMeterProvider()
+	}
+	return provider.Meter(ScopeName), cfg
 }
