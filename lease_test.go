@@ -269,8 +269,8 @@ func TestLeaseBound(t *testing.T) {
 			eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 				leased, stats := leaseModel(t, rdb, tc.new, tc.cfg, &Lease{Time: d})
 				plain, _ := leaseModel(t, rdb, tc.new, tc.cfg, nil)
-				t.Logf("%d grants in 5 s at %d/s, %d unleased on the same demand; leases: %d calls, %d taken, %d used, %d returned",
-					len(leased), rate, len(plain), stats.Calls, stats.Taken, stats.Used, stats.Returned)
+				t.Logf("%d grants in %v at %d/s, %d unleased on the same demand; leases: %d calls, %d taken, %d used, %d returned",
+					len(leased), modelTime(), rate, len(plain), stats.Calls, stats.Taken, stats.Used, stats.Returned)
 				assert.Equal(t, 0, tc.over(leased), "grants past the bound")
 				assert.Equal(t, 0, tc.over(plain), "the unleased limiter's grants past the bound")
 				assert.GreaterOrEqual(t, len(leased), len(plain)*95/100, "under-admission")
@@ -279,7 +279,16 @@ func TestLeaseBound(t *testing.T) {
 	}
 }
 
-// leaseModel runs three instances on one limiter for 5 s of a controlled
+// modelTime is how long leaseModel runs, on its clock: 5 s, or 2 s in the
+// short suites, which CI runs on every server under -race too.
+func modelTime() time.Duration {
+	if testing.Short() {
+		return 2 * time.Second
+	}
+	return 5 * time.Second
+}
+
+// leaseModel runs three instances on one limiter for modelTime of a controlled
 // clock, with lease (or none), and returns when each grant was made (ms
 // since epoch, sorted) and the instances' lease figures. Each instance's
 // demand changes every 250 ms, from none to ten times the limit, so that
@@ -300,7 +309,7 @@ func leaseModel(t *testing.T, rdb redis.UniversalClient, newLimiter func(c *Clie
 	rng := rand.New(rand.NewPCG(1, 2))
 	var grants []int64
 	demand := make([]float64, len(handles))
-	for step := 0; clk.Now().Sub(epoch) < 5*time.Second; step++ {
+	for step := 0; clk.Now().Sub(epoch) < modelTime(); step++ {
 		if step%62 == 0 { // steps are 4 ms on average
 			for i := range demand {
 				demand[i] = []float64{0, 0.05, 0.2, 1}[rng.IntN(4)] // requests per ms
