@@ -199,7 +199,7 @@ func spanOver(g [][2]int64, span func(x int64) (int64, int64), limit func(from, 
 
 func TestLeaseAcrossProcesses(t *testing.T) {
 	if testing.Short() {
-		t.Skip("spawns processes for ~20s")
+		t.Skip("spawns processes for ~25s")
 	}
 	const d = 100 * time.Millisecond
 	for _, b := range concBackends {
@@ -212,7 +212,7 @@ func TestLeaseAcrossProcesses(t *testing.T) {
 					require.NoError(t, a.new(New(rdb), name).SetRate(context.Background(), bound.cfg))
 					start := time.Now().Add(time.Second)
 					spec := leaseSpec{Addrs: addrs, Cluster: b.name == "cluster", Algorithm: a.name, Name: name,
-						Lease: Lease{Time: d, Share: 0.2}, Start: start.UnixMicro(), Stop: start.Add(3 * time.Second).UnixMicro()}
+						Lease: Lease{Time: d, Share: 0.2}, Start: start.UnixMicro(), Stop: start.Add(2 * time.Second).UnixMicro()}
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 					defer cancel()
 					var cmds []*exec.Cmd
@@ -246,7 +246,7 @@ func TestLeaseAcrossProcesses(t *testing.T) {
 					worst, at := bound.over(all.Grants, d)
 					require.NotEmpty(t, all.Grants)
 					ideal := bound.most(all.Grants[0][0], spec.Stop)
-					t.Logf("%d decisions, %d granted (%d%% of the %d the limit allows in the run's 3 s but its last 50 ms), %d denied; leases: %d calls, %d taken, %d used, %d returned",
+					t.Logf("%d decisions, %d granted (%d%% of the %d the limit allows in the run's 2 s but its last 50 ms), %d denied; leases: %d calls, %d taken, %d used, %d returned",
 						all.Decided, len(all.Grants), 100*len(all.Grants)/ideal, ideal, all.Denied, all.Stats.Calls, all.Stats.Taken, all.Stats.Used, all.Stats.Returned)
 					assert.Zero(t, worst, "grants past the bound, in the span from %v", time.UnixMicro(at))
 					assert.Greater(t, all.Denied, len(all.Grants), "demand exceeded the limit")
