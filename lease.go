@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,6 +158,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 			r = s.last
 			r.Allowed, r.RetryAfter, r.Remaining, r.Reason = true, 0, b.held+s.last.Remaining, ReasonLease
 			r.ResetAfter = max(0, r.ResetAfter-now.Sub(s.lastAt))
+			r.Quotas = slices.Clone(r.Quotas) // the caller's own, as a round trip's are
 			s.mu.Unlock()
 			s.used.Add(permits)
 			return r, nil, true
@@ -165,6 +167,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 			r = s.last
 			r.RetryAfter, r.Reason = s.deniedUntil.Sub(now), ReasonLease
 			r.ResetAfter = max(0, r.ResetAfter-now.Sub(s.lastAt))
+			r.Quotas = slices.Clone(r.Quotas)
 			s.mu.Unlock()
 			return r, nil, true
 		}
@@ -259,6 +262,7 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 		return Result{}, err, true
 	}
 	s.last, s.lastAt = r, from
+	r.Quotas = slices.Clone(r.Quotas) // the caller's own: s.last keeps its
 	s.deniedUntil = time.Time{}
 	if taken == 0 {
 		if r.RetryAfter > 0 {
