@@ -578,3 +578,29 @@ func TestLeaseTakeResent(t *testing.T) {
 		assert.Equal(t, int64(0), available(t, l), "counted once")
 	})
 }
+
+// A calendar quota stored by another handle: a leased handle with no
+// default learns its calendar as any handle does, and its block ends with
+// the local day.
+func TestLeaseCalendar(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock() // 17:00 in New York
+		name := uniqueName(t)
+		require.NoError(t, newClient(rdb, clk).FixedWindow(name).SetRate(ctx, PerDay(100, zone(t, "America/New_York"))))
+		l := newClient(rdb, clk).FixedWindow(name).WithLease(Lease{Time: 10 * time.Hour})
+		r := allow(t, l, 1)
+		assert.True(t, r.Allowed)
+		assert.Equal(t, 7*time.Hour, r.ResetAfter, "to midnight in New York")
+		r = allow(t, l, 1)
+		assert.Equal(t, ReasonLimit, r.Reason, "the first block was the request's own")
+		clk.Add(7*time.Hour - time.Millisecond)
+		r = allow(t, l, 1)
+		assert.Equal(t, ReasonLease, r.Reason)
+		assert.Equal(t, time.Millisecond, r.ResetAfter)
+		clk.Add(time.Millisecond)
+		r = allow(t, l, 1)
+		assert.Equal(t, ReasonLimit, r.Reason, "the day ended, and its block with it")
+		assert.Equal(t, int64(99), r.Remaining, "a new day: its block and what Redis has left")
+	})
+}

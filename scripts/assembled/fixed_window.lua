@@ -823,8 +823,10 @@ elseif op == 'lease' then
     if seen and not seen.err then args[PERMITS] = least end
   end
   local reply = decide(KEYS, args)
-  -- A reply's kind is one letter, and allowed its first number.
-  if type(reply) == 'string' and string.byte(reply, 3) == 48 and want ~= least then
+  -- A decision's reply is its kind, one letter, then allowed and the rest;
+  -- any other ('calendar …') goes back as it is, for the client to act on.
+  local decided = type(reply) == 'string' and string.byte(reply, 2) == 32
+  if decided and string.byte(reply, 3) == 48 and want ~= least then
     -- Denied: the permits that fit now are the reply's remaining.
     local fit, at = nil, REPLY_REMAINING[string.sub(reply, 1, 1)]
     for v in string.gmatch(reply, ' (%d+)') do
@@ -836,9 +838,11 @@ elseif op == 'lease' then
       reply = decide(KEYS, args)
     end
   end
-  if reply ~= nil then
+  if decided then
     local taken = string.byte(reply, 3) == 49 and args[PERMITS] or '0'
     return reply .. string.format(' @%d ', NOW_US) .. taken
+  elseif reply ~= nil then
+    return reply
   end
 end
 -- admin.lua's ops set these as the decision does its own.
