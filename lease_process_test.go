@@ -73,7 +73,7 @@ func TestLeaseChild(t *testing.T) {
 	if spec.Hold {
 		// Early in a second, so that a 1 s window the block counts in is
 		// still the current one when the parent looks, after the kill.
-		if into := time.Now().Sub(time.Now().Truncate(time.Second)); into > 300*time.Millisecond {
+		if into := time.Since(time.Now().Truncate(time.Second)); into > 300*time.Millisecond {
 			time.Sleep(time.Second - into)
 		}
 		for range 2 {
