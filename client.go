@@ -30,6 +30,9 @@ type Client struct {
 	// lines: the Acquires waiting on each in-flight limit (inflight.go).
 	linesMu sync.Mutex
 	lines   map[string]*waitingLine
+	// leases: the leased handles made from the Client and not closed, as
+	// keys, for Close (lease.go).
+	leases sync.Map
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any

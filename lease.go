@@ -58,7 +58,9 @@ type LeaseStats struct {
 // from the limiter (see Lease and the bound above). Every other method
 // behaves as the handle's own; a peek (zero permits) and a request larger
 // than a block's cap go to Redis. Keep the handle, as the block is its
-// own, and Close it when done so its unused permits go back at once.
+// own: the Client keeps it too, until it is closed. Close it when done, or
+// the Client (Client.Close) on shutdown, so its unused permits go back at
+// once.
 func (l *Limiter) WithLease(cfg Lease) *Limiter {
 	d := *l
 	switch {
@@ -73,7 +75,24 @@ func (l *Limiter) WithLease(cfg Lease) *Limiter {
 		cfg.Share = 0.1
 	}
 	d.lease = &lease{cfg: cfg}
+	if d.err == nil {
+		l.client.leases.Store(&d, struct{}{})
+	}
 	return &d
+}
+
+// Close gives back what every leased handle made from the Client holds
+// unused, and makes them decide in Redis from then on (Limiter.Close): for
+// a service's shutdown, so that its blocks serve the other instances at
+// once rather than when their lease time is up. It does not close the
+// go-redis client, which the caller owns.
+func (c *Client) Close(ctx context.Context) error {
+	var errs []error
+	c.leases.Range(func(h, _ any) bool {
+		errs = append(errs, h.(*Limiter).Close(ctx))
+		return true
+	})
+	return errors.Join(errs...)
 }
 
 // LeaseStats reports what the handle's leases did; zero for a handle
@@ -97,6 +116,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	s.closed = true
 	b := s.drop()
 	s.mu.Unlock()
+	l.client.leases.Delete(l)
 	return l.refund(ctx, b)
 }
 

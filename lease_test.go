@@ -606,3 +606,32 @@ func TestLeaseCalendar(t *testing.T) {
 		assert.Equal(t, int64(99), r.Remaining, "a new day: its block and what Redis has left")
 	})
 }
+
+// Client.Close gives back what every leased handle made from it holds, once:
+// a handle closed already gives nothing more.
+func TestClientCloseGivesBackLeases(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	c := newClient(redistest.Miniredis(t), clk)
+	var handles []*Limiter
+	for _, name := range []string{"a", "b", "c"} {
+		l := c.FixedWindow(name).WithDefault(PerMinute(100)).WithLease(Lease{Time: time.Second})
+		for range 2 {
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			require.True(t, ok)
+		}
+		handles = append(handles, l)
+	}
+	require.NoError(t, handles[2].Close(ctx))
+	require.Equal(t, int64(9), handles[2].LeaseStats().Returned, "1, then a block of 10: 9 unused")
+	require.NoError(t, c.Close(ctx))
+	for _, l := range handles {
+		assert.Equal(t, int64(9), l.LeaseStats().Returned, l.Name())
+		assert.Equal(t, int64(98), available(t, l), l.Name())
+		r, err := l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.Equal(t, ReasonLimit, r.Reason, "closed: decided in Redis")
+	}
+	require.NoError(t, c.Close(ctx), "nothing left to give back")
+}
