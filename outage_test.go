@@ -398,8 +398,10 @@ func breakerOutage(t *testing.T, batching bool, outage time.Duration) {
 	srv.Restart(t)
 	restarted := time.Since(start)
 	// Back within a second or so: a probe must find the server, and go-redis's
-	// pool, after failing every dial, tries again once a second.
-	time.Sleep(2 * time.Second)
+	// pool, after failing every dial, tries again once a second; then a
+	// second more for every caller to follow, and time to see them settled
+	// (2 s in all flaked in CI when the first call came back after 882 ms).
+	time.Sleep(3 * time.Second)
 	stop.Store(true)
 	wg.Wait()
 
