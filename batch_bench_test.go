@@ -48,9 +48,12 @@ func BenchmarkDecisions(b *testing.B) {
 				b.Fatal(err)
 			}
 			if _, rest, ok := strings.Cut(info, "cmdstat_evalsha:"); ok {
+				_, calls, _ := strings.Cut(rest, "calls=")
+				n, _ := strconv.ParseFloat(calls[:strings.IndexByte(calls, ',')], 64)
 				_, rest, _ = strings.Cut(rest, "usec=")
 				usec, _ := strconv.ParseFloat(rest[:strings.IndexByte(rest, ',')], 64)
 				b.ReportMetric(usec/float64(b.N), "redis-µs/decision")
+				b.ReportMetric(float64(b.N)/n, "decisions/call")
 			}
 			if calls := c.batches.all.sizes.calls.Load(); calls > 0 {
 				b.ReportMetric(float64(c.batches.all.sizes.decisions.Load())/float64(calls), "decisions/batch")

@@ -360,21 +360,23 @@ func (rep *report) batching(w func(format string, a ...any)) {
 	}
 	w("\n### %s: latency with batching on and off\n\n", alone.name)
 	w("A caller alone has no one to share a batch with: whatever batching waits for shows here.\n")
-	w("p50/p99: medians over the turns of each turn's percentile.")
+	w("p50/p99: medians over the turns of each turn's percentile; on ÷ off: the median, over the\n")
+	w("slices of every round, of the percentile of the slice's turn with batching on over that of its\n")
+	w("turn with it off, which ran seconds apart at most: one machine's moods move both alike.")
 	for _, name := range []string{redisRate, redisRate + autoPipelined} {
 		if c := alone.find(name); c != nil {
 			w(" %s: p50 %s, p99 %s.", name, fmtDur(c.med(p50)), fmtDur(c.med(p99)))
 		}
 	}
-	w("\n\n| limiter | p50, on | p99, on | p50, off | p99, off | decisions/s, on ÷ off | Redis µs per decision, on | off |\n")
-	w("|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	w("\n\n| limiter | p50, on | p99, on | p50, off | p99, off | p50, on ÷ off | p99, on ÷ off | decisions/s, on ÷ off | Redis µs per decision, on | off |\n")
+	w("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, alg := range algorithms {
 		on, off := alone.find(alg.name), alone.find(alg.name+batchingOff)
 		if on == nil || off == nil {
 			continue
 		}
-		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", alg.name, fmtDur(on.med(p50)), fmtDur(on.med(p99)), fmtDur(off.med(p50)), fmtDur(off.med(p99)),
-			ratioOf(on, off, rate), medOf(on, perDecision), medOf(off, perDecision))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", alg.name, fmtDur(on.med(p50)), fmtDur(on.med(p99)), fmtDur(off.med(p50)), fmtDur(off.med(p99)),
+			ratioOf(on, off, p50), ratioOf(on, off, p99), ratioOf(on, off, rate), medOf(on, perDecision), medOf(off, perDecision))
 	}
 	w("\n")
 }

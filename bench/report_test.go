@@ -85,7 +85,7 @@ func TestBatchingTables(t *testing.T) {
 		"| Funnel | 1.00 | 16.00 |\n",
 		"| Funnel, batching off | 1.00 | – |\n",
 		"redis_rate: p50 75µs, p99 200µs.",
-		"| Funnel | 60µs | 180µs | 70µs | 190µs | 1.20 | 12.00 | 13.00 |\n",
+		"| Funnel | 60µs | 180µs | 70µs | 190µs | 0.86 | 0.95 | 1.20 | 12.00 | 13.00 |\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("no %q in\n%s", want, got)
