@@ -2,6 +2,7 @@ package redlimit
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -92,4 +93,45 @@ func BenchmarkClusterHotKey(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkLoneCaller measures what batching costs a caller who is alone:
+// one goroutine decides on a real redis-server through two Clients, one
+// with batching and one without, in turns of 200 decisions that alternate
+// (so that the machine's moods, which move a figure by a fifth within
+// seconds, meet both alike), and reports each side's p50 and p99 latency
+// over the other's. The target is at most 1.05.
+func BenchmarkLoneCaller(b *testing.B) {
+	s := redistest.Shared(b)
+	prefix := redistest.UniqueName(b, "lone")
+	on := New(s.Client(b), WithPrefix(prefix+":on:"))
+	off := New(s.Client(b), WithPrefix(prefix+":off:"), WithoutBatching())
+	cfg := Config{Rate: 1_000_000, Interval: time.Second}
+	ctx := context.Background()
+	var took [2][]time.Duration
+	const turn = 200
+	b.ResetTimer()
+	for n := 0; n < b.N; {
+		for side, c := range []*Client{on, off} {
+			for i := 0; i < turn && n < b.N; i, n = i+1, n+1 {
+				l := c.FixedWindow(strconv.Itoa(n % 1000)).WithDefault(cfg)
+				start := time.Now()
+				if _, err := l.Allow(ctx, 1); err != nil {
+					b.Fatal(err)
+				}
+				took[side] = append(took[side], time.Since(start))
+			}
+		}
+	}
+	b.StopTimer()
+	if len(took[1]) < 100 {
+		return // too few to say: the runs before b.N settles
+	}
+	percentile := func(side int, q float64) float64 {
+		d := slices.Clone(took[side])
+		slices.Sort(d)
+		return float64(d[int(q*float64(len(d)-1))])
+	}
+	b.ReportMetric(percentile(0, 0.5)/percentile(1, 0.5), "p50-on/off")
+	b.ReportMetric(percentile(0, 0.99)/percentile(1, 0.99), "p99-on/off")
 }

@@ -165,6 +165,20 @@ func everyAlgorithm(suffix string, rdb redis.Scripter, cfg redlimit.Config, stor
 	return out
 }
 
+// interleaved lists a's contenders and b's alternately: a[0], b[0], a[1], …
+func interleaved(a, b []*contender) []*contender {
+	out := make([]*contender, 0, len(a)+len(b))
+	for i := range max(len(a), len(b)) {
+		if i < len(a) {
+			out = append(out, a[i])
+		}
+		if i < len(b) {
+			out = append(out, b[i])
+		}
+	}
+	return out
+}
+
 func keyNames(kind string, keys int) []string {
 	names := make([]string, keys)
 	for i := range names {

@@ -362,7 +362,7 @@ func (rep *report) batching(w func(format string, a ...any)) {
 	w("A caller alone has no one to share a batch with: whatever batching waits for shows here.\n")
 	w("p50/p99: medians over the turns of each turn's percentile; on ÷ off: the median, over the\n")
 	w("slices of every round, of the percentile of the slice's turn with batching on over that of its\n")
-	w("turn with it off, which ran seconds apart at most: one machine's moods move both alike.")
+	w("turn with it off, which runs next to it, so that one machine's moods move both alike.")
 	for _, name := range []string{redisRate, redisRate + autoPipelined} {
 		if c := alone.find(name); c != nil {
 			w(" %s: p50 %s, p99 %s.", name, fmtDur(c.med(p50)), fmtDur(c.med(p99)))
