@@ -74,11 +74,17 @@ func (c *Client) grantsOpen(ctx context.Context, err error, open bool) bool {
 	return err != nil && (c.failOpen || open) && errors.Is(err, ErrUnavailable) && !errors.Is(ctx.Err(), context.Canceled)
 }
 
-// forgetDenial drops this Client's cached denial after a local change that
-// may free permits sooner than the denial said.
+// forgetDenial drops this Client's cached denial, and a leased handle's
+// own, after a local change that may free permits sooner than the denial
+// said.
 func (l *Limiter) forgetDenial() {
 	if l.client.denials != nil && l.err == nil {
 		l.client.denials.forget(l.denialKey)
+	}
+	if s := l.lease; s != nil {
+		s.mu.Lock()
+		s.deniedUntil = time.Time{}
+		s.mu.Unlock()
 	}
 }
 

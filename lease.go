@@ -126,9 +126,9 @@ type lease struct {
 	mu     sync.Mutex
 	closed bool
 	block  block
-	// last is Redis's answer to the latest take, sent at lastAt; a denied
-	// take's says until when requests of as many permits or more are
-	// denied here.
+	// last is Redis's answer to the latest take, sent at lastAt; after a
+	// denied take, requests of deniedAsking permits or more are denied
+	// here until deniedUntil: the retry, or Time if sooner.
 	last         Result
 	lastAt       time.Time
 	deniedUntil  time.Time
@@ -185,7 +185,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 		}
 		if now.Before(s.deniedUntil) && permits >= s.deniedAsking && b.held < permits {
 			r = s.last
-			r.RetryAfter, r.Reason = s.deniedUntil.Sub(now), ReasonLease
+			r.RetryAfter, r.Reason = s.last.RetryAfter-now.Sub(s.lastAt), ReasonLease
 			r.ResetAfter = max(0, r.ResetAfter-now.Sub(s.lastAt))
 			r.Quotas = slices.Clone(r.Quotas)
 			s.mu.Unlock()
@@ -264,11 +264,11 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 	reply, err := l.eval(ctx, request{op: opLease, permits: permits, arg: strconv.FormatInt(want, 10) + " " + strconv.FormatInt(permits, 10)})
 	s.calls.Add(1)
 	var r Result
-	var at, taken int64
+	var at, taken, soonest int64
 	if err == nil {
 		var head string
 		var ok bool
-		if head, at, taken, ok = leaseReply(reply); !ok || taken != 0 && taken < permits || taken > want {
+		if head, at, taken, soonest, ok = leaseReply(reply); !ok || taken != 0 && taken < permits || taken > want {
 			err = unexpected(reply)
 		} else {
 			r, err = parseResult(head, l.dflt)
@@ -286,7 +286,11 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 	s.deniedUntil = time.Time{}
 	if taken == 0 {
 		if r.RetryAfter > 0 {
-			s.deniedUntil, s.deniedAsking = from.Add(r.RetryAfter), permits
+			// Denied locally until the retry, but for no longer than a
+			// block lives: a rate raised elsewhere reaches the handle
+			// within Time (its own SetRate, Reset and Release forget the
+			// denial at once: forgetDenial).
+			s.deniedUntil, s.deniedAsking = from.Add(min(r.RetryAfter, s.cfg.Time)), permits
 		}
 		r.Reason = ReasonLimit
 		return r, nil, true
@@ -294,9 +298,11 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 	s.taken.Add(taken)
 	s.used.Add(permits)
 	until := from.Add(s.cfg.Time)
-	if l.alg.name == fixedWindow.name && r.ResetAfter > 0 {
-		// A fixed window's permits are its window's: never used past its end.
-		if end := from.Add(r.ResetAfter); end.Before(until) {
+	if l.alg.name == fixedWindow.name {
+		// A fixed window's permits are its window's: never used past its
+		// end, nor, with several rates, past the first of their windows to
+		// end (ResetAfter is the last).
+		if end := from.Add(micros(soonest)); end.Before(until) {
 			until = end
 		}
 	}
@@ -353,13 +359,14 @@ func (l *Limiter) refund(ctx context.Context, b block) error {
 	return nil
 }
 
-// leaseReply splits a lease's reply: the decision's, then ' @now taken'.
-func leaseReply(reply any) (head string, at, taken int64, ok bool) {
+// leaseReply splits a lease's reply: the decision's, then ' @now taken
+// soonest'.
+func leaseReply(reply any) (head string, at, taken, soonest int64, ok bool) {
 	s, _ := reply.(string)
 	head, tail, found := strings.Cut(s, " @")
-	var n [2]int64
-	if !found || !spaced(tail, n[:]) || n[0] < 0 || n[1] < 0 {
-		return "", 0, 0, false
+	var n [3]int64
+	if !found || !spaced(tail, n[:]) || n[0] < 0 || n[1] < 0 || n[2] < 0 {
+		return "", 0, 0, 0, false
 	}
-	return head, n[0], n[1], true
+	return head, n[0], n[1], n[2], true
 }

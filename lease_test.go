@@ -23,7 +23,7 @@ func leaseOf(t *testing.T, l *Limiter, want, least int64) (at, taken int64) {
 	reply, err := l.eval(context.Background(), request{op: opLease, permits: least,
 		arg: strconv.FormatInt(want, 10) + " " + strconv.FormatInt(least, 10)})
 	require.NoError(t, err)
-	_, at, taken, ok := leaseReply(reply)
+	_, at, taken, _, ok := leaseReply(reply)
 	require.True(t, ok, "reply %q", reply)
 	return at, taken
 }
@@ -571,7 +571,7 @@ func TestLeaseTakeResent(t *testing.T) {
 			reply, err := l.client.run(ctx, l.alg.script, l.keyArgs,
 				[]any{opLease, clk.Now().UnixMicro(), "6 1", l.config, "", id, time.Minute.Milliseconds(), l.clientID})
 			require.NoError(t, err)
-			_, _, taken, ok := leaseReply(reply)
+			_, _, taken, _, ok := leaseReply(reply)
 			require.True(t, ok, "%v", reply)
 			return taken
 		}

@@ -271,6 +271,11 @@ end
 -- commands fewer.
 local granted = {}
 
+-- soonest: the last decision's shortest reset, µs, among its rates (reset
+-- is the longest): a fixed window's first window to end, where a lease's
+-- block must end too (the lease op below).
+local soonest = 0
+
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
 -- here, which goes on to admin.lua, to say what is wrong.
@@ -812,6 +817,7 @@ end
     --[[ report ]] -- The bucket is full again when its newest record ages out.
 remaining, reset = available, full_after or time_to_full(log, interval, NOW_US, newest)
     if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+    soonest = reset
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.
@@ -930,6 +936,7 @@ end
           if allowed == 1 then bound = i end
         end
         if reset > latest then latest = reset end
+        if reset < soonest then soonest = reset end
       end
       remaining, reset, back = least, latest, given
     end
@@ -1124,6 +1131,11 @@ local function count(w, f, pe, pr, rate)
     k, kw, kf = k + 1, nw, nf
   end
 end
+
+-- soonest: the last decision's shortest reset, µs, among its rates (reset
+-- is the longest): a fixed window's first window to end, where a lease's
+-- block must end too (the lease op below).
+local soonest = 0
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -1578,6 +1590,7 @@ do
 end
 if tatf > 0 then reset = reset + 1 end
     if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+    soonest = reset
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.
@@ -1698,6 +1711,7 @@ if tatf > 0 then reset = reset + 1 end
           if allowed == 1 then bound = i end
         end
         if reset > latest then latest = reset end
+        if reset < soonest then soonest = reset end
       end
       remaining, reset, back = least, latest, given
     end
@@ -1844,6 +1858,11 @@ local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_windo
     or ALGORITHM == 'sliding_window' and '^[^:]*$' or ''
 
 --[[ helpers ]] 
+
+-- soonest: the last decision's shortest reset, µs, among its rates (reset
+-- is the longest): a fixed window's first window to end, where a lease's
+-- block must end too (the lease op below).
+local soonest = 0
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -2267,6 +2286,7 @@ if count > 0 then
   reset = ends - NOW_US
 end
     if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+    soonest = reset
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.
@@ -2362,6 +2382,7 @@ end
           if allowed == 1 then bound = i end
         end
         if reset > latest then latest = reset end
+        if reset < soonest then soonest = reset end
       end
       remaining, reset, back = least, latest, given
     end
@@ -2508,6 +2529,11 @@ local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_windo
     or ALGORITHM == 'sliding_window' and '^[^:]*$' or ''
 
 --[[ helpers ]] 
+
+-- soonest: the last decision's shortest reset, µs, among its rates (reset
+-- is the longest): a fixed window's first window to end, where a lease's
+-- block must end too (the lease op below).
+local soonest = 0
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -3030,6 +3056,7 @@ if #live > 0 then
   reset = (leaves + (-leaves) % 1) * 1000 - NOW_US
 end
     if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+    soonest = reset
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.
@@ -3179,6 +3206,7 @@ end
           if allowed == 1 then bound = i end
         end
         if reset > latest then latest = reset end
+        if reset < soonest then soonest = reset end
       end
       remaining, reset, back = least, latest, given
     end

@@ -156,6 +156,11 @@ local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_windo
 
 --[[ helpers ]] 
 
+-- soonest: the last decision's shortest reset, µs, among its rates (reset
+-- is the longest): a fixed window's first window to end, where a lease's
+-- block must end too (the lease op below).
+local soonest = 0
+
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
 -- here, which goes on to admin.lua, to say what is wrong.
@@ -578,6 +583,7 @@ if count > 0 then
   reset = ends - NOW_US
 end
     if remaining > limit then remaining = limit elseif remaining < 0 then remaining = 0 end
+    soonest = reset
     -- The further rates' steps, each from the state read before: a grant
     -- counts in every one, a release gives back in every one, and the answer
     -- is the smallest remaining and the longest reset.
@@ -673,6 +679,7 @@ end
           if allowed == 1 then bound = i end
         end
         if reset > latest then latest = reset end
+        if reset < soonest then soonest = reset end
       end
       remaining, reset, back = least, latest, given
     end
@@ -806,9 +813,10 @@ if op == 'allow' or op == 'release' or op == 'charge' or op == 'refund' then
 elseif op == 'lease' then
   -- A lease (lease.go) takes a block of permits, PERMITS 'want least': want
   -- if they fit now, else as many as fit if that is least or more. It is
-  -- the decision of the permits taken, with ' @now taken' after its reply:
-  -- the grant's time on Redis's clock, which a refund names, and the
-  -- permits taken (0: denied, as the reply says).
+  -- the decision of the permits taken, with ' @now taken soonest' after its
+  -- reply: the grant's time on Redis's clock, which a refund names, the
+  -- permits taken (0: denied, as the reply says), and the shortest reset
+  -- of its rates (see soonest).
   local want, least = string.match(ARGV[PERMITS], '^(%d+) (%d+)$')
   if not want or least + 0 > want + 0 then
     error('REDLIMIT lease ' .. string.format('%q', ARGV[PERMITS]) .. ': want "want least"', 0)
@@ -840,7 +848,7 @@ elseif op == 'lease' then
   end
   if decided then
     local taken = string.byte(reply, 3) == 49 and args[PERMITS] or '0'
-    return reply .. string.format(' @%d ', NOW_US) .. taken
+    return reply .. string.format(' @%d ', NOW_US) .. taken .. string.format(' %d', soonest)
   elseif reply ~= nil then
     return reply
   end
