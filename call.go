@@ -96,6 +96,11 @@ type request struct {
 	ms      int64    // expire: the TTL
 	clients []string // other clients whose keys the op must reach
 	arg     string   // lease, refund: ARGV[PERMITS] (see scripts/common.lua)
+	// id names the request when its caller must know it: a lease's take,
+	// which its refund names (nil: one is made where needed); logWindow,
+	// when not nil, is the request log's window for it.
+	id        *requestID
+	logWindow any
 	// calendarLearnt: the request is sent again with the calendar rates
 	// its script named (calendarReply), and is not sent a third time.
 	calendarLearnt bool
@@ -125,12 +130,6 @@ const (
 	argClientID             // this client's id
 	argOthers               // other clients' ids, to the end (admin ops)
 )
-
-// refundLog is how long the request log keeps a refund's id, at least:
-// longer than go-redis goes on re-sending a call.
-const refundLog = time.Minute
-
-var refundLogArg any = refundLog.Milliseconds()
 
 // Where the config a script is given comes from (ARGV[argConfig]).
 const (
@@ -165,7 +164,9 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 		calendar = cals.arg(c.clock())
 	}
 	counts := (req.op == opAllow || req.op == opCharge || req.op == opLease) && req.permits > 0
-	if req.op == opRelease || req.op == opRefund || counts && (l.alg.records || c.retryWindow > 0) {
+	if req.id != nil {
+		id = req.id
+	} else if req.op == opRelease || counts && (l.alg.records || c.retryWindow > 0) {
 		id = newRequestID()
 	}
 	var n any = req.permits
@@ -191,10 +192,8 @@ func (l *Limiter) eval(ctx context.Context, req request) (any, error) {
 	args := (*pooled)[:argOthers-1]
 	args[argOp-1], args[argNow-1], args[argPermits-1], args[argConfig-1] = req.op, now, n, config
 	logWindow := c.retryWindowArg
-	if req.op == opRefund && c.retryWindow < refundLog {
-		// A refund re-sent (go-redis does, on a read timeout) would give
-		// back twice: the request log makes its second run a no-op.
-		logWindow = refundLogArg
+	if req.logWindow != nil {
+		logWindow = req.logWindow
 	}
 	args[argCalendar-1], args[argID-1], args[argLogWindow-1], args[argClientID-1] = calendar, id, logWindow, l.clientID
 	if short {

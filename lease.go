@@ -145,6 +145,7 @@ type block struct {
 	size  int64     // taken
 	used  int64     // granted from it
 	at    int64     // the grant, µs on Redis's clock: what a refund names
+	id    *requestID // the take's, which its refund names
 	from  time.Time // sent, on the Client's clock
 	until time.Time // not used from then: from + Time, or its window's end
 	timer *time.Timer
@@ -261,7 +262,14 @@ func (s *lease) want(now time.Time, permits int64, unrefunded bool) int64 {
 func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Result, error, bool) {
 	c := l.client
 	from := c.clock()
-	reply, err := l.eval(ctx, request{op: opLease, permits: permits, arg: strconv.FormatInt(want, 10) + " " + strconv.FormatInt(permits, 10)})
+	// The take's id stays in the request log for as long as a refund may
+	// come (its Time, and a minute for go-redis's re-sending), and the
+	// refund names it: see refund. A token bucket's take needs none.
+	req := request{op: opLease, permits: permits, arg: strconv.FormatInt(want, 10) + " " + strconv.FormatInt(permits, 10)}
+	if !l.alg.records {
+		req.id, req.logWindow = newRequestID(), max(c.retryWindow, s.cfg.Time+time.Minute).Milliseconds()
+	}
+	reply, err := l.eval(ctx, req)
 	s.calls.Add(1)
 	var r Result
 	var at, taken, soonest int64
@@ -306,7 +314,7 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 			until = end
 		}
 	}
-	s.block = block{held: taken - permits, size: taken, used: permits, at: at, from: from, until: until}
+	s.block = block{held: taken - permits, size: taken, used: permits, at: at, id: req.id, from: from, until: until}
 	if s.closed {
 		// Closed while the take was in flight: what it took beyond the
 		// request goes back at once.
@@ -333,9 +341,11 @@ func (s *lease) expire(l *Limiter, at int64) {
 }
 
 // refund gives back what b holds unused. Redis takes back only what is
-// still counted of b's grant (see scripts/common.lua's since), so a refund
+// still counted of b's grant (scripts/common.lua's grant_at), so a refund
 // however late never frees more than b's own permits would have: the
-// token bucket's takes back nothing.
+// token bucket's takes back nothing. It does so once, while its take's id
+// is in the request log: not after a Reset, a Delete or new rates, when
+// the state the grant was counted in is gone or counts otherwise.
 func (l *Limiter) refund(ctx context.Context, b block) error {
 	if b.held <= 0 || l.alg.records {
 		return nil // nothing held, or a token bucket's: it would take nothing back
@@ -345,7 +355,7 @@ func (l *Limiter) refund(ctx context.Context, b block) error {
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 	}
-	reply, err := l.eval(ctx, request{op: opRefund, arg: strconv.FormatInt(b.held, 10) + " " + strconv.FormatInt(b.at, 10) + " " + strconv.FormatInt(b.size, 10)})
+	reply, err := l.eval(ctx, request{op: opRefund, id: b.id, arg: strconv.FormatInt(b.held, 10) + " " + strconv.FormatInt(b.at, 10) + " " + strconv.FormatInt(b.size, 10)})
 	l.lease.calls.Add(1)
 	if err != nil {
 		return err

@@ -17,21 +17,24 @@ import (
 )
 
 // leaseOf takes want permits, or as few as least, as a lease does: the
-// grant's time (µs on Redis's clock, here the test's) and the permits taken.
-func leaseOf(t *testing.T, l *Limiter, want, least int64) (at, taken int64) {
+// block, with the grant's time (µs on Redis's clock, here the test's) and
+// the take's id, which a refund names.
+func leaseOf(t *testing.T, l *Limiter, want, least int64) block {
 	t.Helper()
-	reply, err := l.eval(context.Background(), request{op: opLease, permits: least,
+	id := newRequestID()
+	reply, err := l.eval(context.Background(), request{op: opLease, permits: least, id: id, logWindow: time.Minute.Milliseconds(),
 		arg: strconv.FormatInt(want, 10) + " " + strconv.FormatInt(least, 10)})
 	require.NoError(t, err)
 	_, at, taken, _, ok := leaseReply(reply)
 	require.True(t, ok, "reply %q", reply)
-	return at, taken
+	return block{held: taken, size: taken, at: at, id: id}
 }
 
-// refundOf gives back n permits of a grant of n at at, and returns what Redis took back.
-func refundOf(t *testing.T, l *Limiter, n, at int64) int64 {
+// refundOf gives back what b holds, and returns what Redis took back.
+func refundOf(t *testing.T, l *Limiter, b block) int64 {
 	t.Helper()
-	reply, err := l.eval(context.Background(), request{op: opRefund, arg: strconv.FormatInt(n, 10) + " " + strconv.FormatInt(at, 10) + " " + strconv.FormatInt(n, 10)})
+	reply, err := l.eval(context.Background(), request{op: opRefund, id: b.id,
+		arg: strconv.FormatInt(b.held, 10) + " " + strconv.FormatInt(b.at, 10) + " " + strconv.FormatInt(b.size, 10)})
 	require.NoError(t, err)
 	back, ok := reply.(int64)
 	require.True(t, ok, "reply %v", reply)
@@ -55,40 +58,40 @@ func TestLeaseRefundGivesBackOnlyItsGrant(t *testing.T) {
 			// 10 a second, burst 10: a permit drains in 100 ms.
 			clk := newClock()
 			l := newClient(rdb, clk).Funnel(uniqueName(t)).WithDefault(PerSecond(10))
-			at, taken := leaseOf(t, l, 5, 1)
-			require.Equal(t, int64(5), taken)
-			assert.Equal(t, clk.Now().UnixMicro(), at)
+			b := leaseOf(t, l, 5, 1)
+			require.Equal(t, int64(5), b.size)
+			assert.Equal(t, clk.Now().UnixMicro(), b.at)
 			clk.Add(200 * time.Millisecond)
-			assert.Equal(t, int64(3), refundOf(t, l, 5, at), "2 of the 5 have drained by 200 ms")
+			assert.Equal(t, int64(3), refundOf(t, l, b), "2 of the 5 have drained by 200 ms")
 			assert.Equal(t, int64(10), available(t, l), "as if they were never taken")
 
 			// Drained, then filled by others: a late refund takes back nothing.
-			at, _ = leaseOf(t, l, 5, 1)
+			b = leaseOf(t, l, 5, 1)
 			clk.Add(500 * time.Millisecond)
 			ok, err := l.TryAcquire(ctx, 10)
 			require.NoError(t, err)
 			require.True(t, ok)
-			assert.Equal(t, int64(0), refundOf(t, l, 5, at))
+			assert.Equal(t, int64(0), refundOf(t, l, b))
 			assert.Equal(t, int64(0), available(t, l))
 		})
 		t.Run("fixed_window", func(t *testing.T) {
 			clk := newClock()
 			l := newClient(rdb, clk).FixedWindow(uniqueName(t)).WithDefault(PerSecond(10))
 			clk.Add(100 * time.Millisecond)
-			at, _ := leaseOf(t, l, 5, 1)
+			b := leaseOf(t, l, 5, 1)
 			clk.Add(100 * time.Millisecond)
-			assert.Equal(t, int64(5), refundOf(t, l, 5, at), "within its window")
+			assert.Equal(t, int64(5), refundOf(t, l, b), "within its window")
 			assert.Equal(t, int64(10), available(t, l))
 
 			// Taken at 0.9 s, given back at 1.1 s: the next window's
 			// count is others', and stays.
 			clk.Add(700 * time.Millisecond)
-			at, _ = leaseOf(t, l, 5, 1)
+			b = leaseOf(t, l, 5, 1)
 			clk.Add(200 * time.Millisecond)
 			ok, err := l.TryAcquire(ctx, 10)
 			require.NoError(t, err)
 			require.True(t, ok)
-			assert.Equal(t, int64(0), refundOf(t, l, 5, at))
+			assert.Equal(t, int64(0), refundOf(t, l, b))
 			assert.Equal(t, int64(0), available(t, l))
 		})
 		t.Run("sliding_window", func(t *testing.T) {
@@ -96,33 +99,33 @@ func TestLeaseRefundGivesBackOnlyItsGrant(t *testing.T) {
 			clk := newClock()
 			l := newClient(rdb, clk).SlidingWindow(uniqueName(t)).WithDefault(tenPer10s)
 			clk.Add(500 * time.Millisecond)
-			at, _ := leaseOf(t, l, 5, 1)
+			b := leaseOf(t, l, 5, 1)
 			clk.Add(time.Second)
 			ok, err := l.TryAcquire(ctx, 5)
 			require.NoError(t, err)
 			require.True(t, ok)
 			clk.Add(500 * time.Millisecond)
-			assert.Equal(t, int64(5), refundOf(t, l, 5, at), "from its own sub-window")
+			assert.Equal(t, int64(5), refundOf(t, l, b), "from its own sub-window")
 			assert.Equal(t, int64(5), available(t, l))
 			r, err := l.Allow(ctx, 0)
 			require.NoError(t, err)
 			assert.Equal(t, 9*time.Second, r.ResetAfter, "the 5 at 1.5 s still count, until 11 s")
 
 			// Its sub-window gone, a refund takes nothing from a later one.
-			at, _ = leaseOf(t, l, 5, 1) // at 2 s
+			b = leaseOf(t, l, 5, 1) // at 2 s
 			clk.Add(10 * time.Second)   // 12 s: sub-window 2 is out
 			require.Equal(t, int64(10), available(t, l))
 			ok, err = l.TryAcquire(ctx, 10)
 			require.NoError(t, err)
 			require.True(t, ok)
-			assert.Equal(t, int64(0), refundOf(t, l, 5, at))
+			assert.Equal(t, int64(0), refundOf(t, l, b))
 			assert.Equal(t, int64(0), available(t, l))
 		})
 		t.Run("token_bucket", func(t *testing.T) {
 			clk := newClock()
 			l := newClient(rdb, clk).TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
-			at, _ := leaseOf(t, l, 5, 1)
-			assert.Equal(t, int64(0), refundOf(t, l, 5, at), "a token bucket takes nothing back")
+			b := leaseOf(t, l, 5, 1)
+			assert.Equal(t, int64(0), refundOf(t, l, b), "a token bucket takes nothing back")
 			assert.Equal(t, int64(5), available(t, l))
 		})
 	})
@@ -134,12 +137,9 @@ func TestLeaseTakesWhatFits(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(a.counting(10))
-		_, taken := leaseOf(t, l, 6, 2)
-		assert.Equal(t, int64(6), taken)
-		_, taken = leaseOf(t, l, 6, 2)
-		assert.Equal(t, int64(4), taken, "4 fit")
-		_, taken = leaseOf(t, l, 6, 1)
-		assert.Equal(t, int64(0), taken)
+		assert.Equal(t, int64(6), leaseOf(t, l, 6, 2).size)
+		assert.Equal(t, int64(4), leaseOf(t, l, 6, 2).size, "4 fit")
+		assert.Equal(t, int64(0), leaseOf(t, l, 6, 1).size)
 		_, err := l.eval(context.Background(), request{op: opLease, permits: 1, arg: "1 2"})
 		assert.ErrorContains(t, err, "want \"want least\"")
 	})
@@ -371,9 +371,9 @@ func TestLeaseRefundOnce(t *testing.T) {
 		rec := cloneClient(t, rdb)
 		rec.AddHook(last)
 		l := newClient(rec, clk).FixedWindow(uniqueName(t)).WithDefault(PerSecond(10))
-		at, _ := leaseOf(t, l, 5, 1)
-		_, _ = leaseOf(t, l, 5, 1)
-		require.NoError(t, l.WithLease(Lease{Time: time.Second}).refund(ctx, block{held: 5, size: 5, at: at}))
+		b := leaseOf(t, l, 5, 1)
+		_ = leaseOf(t, l, 5, 1)
+		require.NoError(t, l.WithLease(Lease{Time: time.Second}).refund(ctx, b))
 		assert.Equal(t, int64(5), available(t, l))
 		assert.Equal(t, int64(0), rec.Do(ctx, last.refund...).Val(), "the same refund, again")
 		assert.Equal(t, int64(5), available(t, l))
@@ -564,8 +564,7 @@ func TestLeaseTakeResent(t *testing.T) {
 		ctx := context.Background()
 		clk := newClock()
 		l := newClient(rdb, clk, WithRetryWindow(time.Minute)).FixedWindow(uniqueName(t)).WithDefault(PerSecond(10))
-		_, taken := leaseOf(t, l, 6, 1)
-		require.Equal(t, int64(6), taken)
+		require.Equal(t, int64(6), leaseOf(t, l, 6, 1).size)
 		id := newRequestID()
 		take := func() int64 {
 			reply, err := l.client.run(ctx, l.alg.script, l.keyArgs,
@@ -634,4 +633,26 @@ func TestClientCloseGivesBackLeases(t *testing.T) {
 		assert.Equal(t, ReasonLimit, r.Reason, "closed: decided in Redis")
 	}
 	require.NoError(t, c.Close(ctx), "nothing left to give back")
+}
+
+// A refund names its take in the request log, which new rates forget (see
+// TestLeaseAttackRefundIntoAddedRate); SetRate with the rates in force, as
+// every instance of a service may make as it starts, forgets nothing.
+func TestLeaseRefundAfterSameSetRate(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		name := uniqueName(t)
+		admin := newClient(rdb, clk).FixedWindow(name)
+		require.NoError(t, admin.SetRate(ctx, PerSecond(100)))
+		l := newClient(rdb, clk).FixedWindow(name).WithLease(Lease{Time: time.Second, Share: 0.5})
+		for range 2 {
+			require.True(t, allow(t, l, 1).Allowed)
+		}
+		require.Equal(t, int64(51), l.LeaseStats().Taken, "1, then a block of 50")
+		require.NoError(t, admin.SetRate(ctx, PerSecond(100)))
+		require.NoError(t, l.Close(ctx))
+		assert.Equal(t, int64(49), l.LeaseStats().Returned, "the block's unused 49")
+		assert.Equal(t, int64(98), available(t, admin), "the 2 granted still count")
+	})
 }

@@ -419,6 +419,17 @@ if op == 'set' or op == 'tryset' then
   end
   write_config(new)
   stored = true
+  -- New rates forget the request log: a lease's refund names its take
+  -- there, and a grant counted under other rates is never given back into
+  -- these. A script re-sent across it may count twice: that only denies
+  -- sooner.
+  local same = old
+  for _, field in ipairs({ 'rate', 'interval', 'type', 'burst', 'buckets', 'more', 'calendar' }) do
+    same = same and (old[field] or 0) == (new[field] or 0)
+  end
+  if not same then
+    redis.call('DEL', KEYS[REQUESTS])
+  end
   if old and old.type ~= new.type then
     delete_state() -- usage under one type means nothing under the other
   else

@@ -457,7 +457,12 @@ local function decide(KEYS, ARGV)
       else
         retry = wait
       end
-    elseif not decide and (not LOG or first_run()) then
+    elseif op == 'refund' and redis.call('ZREM', KEYS[REQUESTS], ARGV[ID]) == 1
+        or op ~= 'refund' and not decide and (not LOG or first_run()) then
+      -- A refund names its take's id, which the take left in the request
+      -- log: it gives back once, and nothing after whatever forgot the log
+      -- (Reset, Delete, a change of rates: the state its grant was counted
+      -- in is gone, or counts otherwise).
       wrote = true
       --[[@release]]
     end

@@ -741,7 +741,12 @@ rewrite = not counted and (changed or aged > 0)
       else
         retry = wait
       end
-    elseif not decide and (not LOG or first_run()) then
+    elseif op == 'refund' and redis.call('ZREM', KEYS[REQUESTS], ARGV[ID]) == 1
+        or op ~= 'refund' and not decide and (not LOG or first_run()) then
+      -- A refund names its take's id, which the take left in the request
+      -- log: it gives back once, and nothing after whatever forgot the log
+      -- (Reset, Delete, a change of rates: the state its grant was counted
+      -- in is gone, or counts otherwise).
       wrote = true
       --[[ release ]] -- A refund gives back nothing: a further rate's log holds running totals,
 -- so taking permits off an older record would rewrite every later one.
@@ -1534,7 +1539,12 @@ if tatf >= rate then tat, tatf = tat + 1, tatf - rate end
       else
         retry = wait
       end
-    elseif not decide and (not LOG or first_run()) then
+    elseif op == 'refund' and redis.call('ZREM', KEYS[REQUESTS], ARGV[ID]) == 1
+        or op ~= 'refund' and not decide and (not LOG or first_run()) then
+      -- A refund names its take's id, which the take left in the request
+      -- log: it gives back once, and nothing after whatever forgot the log
+      -- (Reset, Delete, a change of rates: the state its grant was counted
+      -- in is gone, or counts otherwise).
       wrote = true
       --[[ release ]] back = count(tat - NOW_US, tatf, pe, pr, rate)
 if back > permits then back = permits end
@@ -2255,7 +2265,12 @@ end
       else
         retry = wait
       end
-    elseif not decide and (not LOG or first_run()) then
+    elseif op == 'refund' and redis.call('ZREM', KEYS[REQUESTS], ARGV[ID]) == 1
+        or op ~= 'refund' and not decide and (not LOG or first_run()) then
+      -- A refund names its take's id, which the take left in the request
+      -- log: it gives back once, and nothing after whatever forgot the log
+      -- (Reset, Delete, a change of rates: the state its grant was counted
+      -- in is gone, or counts otherwise).
       wrote = true
       --[[ release ]] -- A refund's permits are counted here only if granted in this window: one
 -- ended has taken them with it.
@@ -3001,7 +3016,12 @@ total = total + permits
       else
         retry = wait
       end
-    elseif not decide and (not LOG or first_run()) then
+    elseif op == 'refund' and redis.call('ZREM', KEYS[REQUESTS], ARGV[ID]) == 1
+        or op ~= 'refund' and not decide and (not LOG or first_run()) then
+      -- A refund names its take's id, which the take left in the request
+      -- log: it gives back once, and nothing after whatever forgot the log
+      -- (Reset, Delete, a change of rates: the state its grant was counted
+      -- in is gone, or counts otherwise).
       wrote = true
       --[[ release ]] -- Permits come back from the newest sub-windows first; those it empties
 -- go, so the state may expire sooner. A refund's come back from its

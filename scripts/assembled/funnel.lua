@@ -606,7 +606,12 @@ if tatf >= rate then tat, tatf = tat + 1, tatf - rate end
       else
         retry = wait
       end
-    elseif not decide and (not LOG or first_run()) then
+    elseif op == 'refund' and redis.call('ZREM', KEYS[REQUESTS], ARGV[ID]) == 1
+        or op ~= 'refund' and not decide and (not LOG or first_run()) then
+      -- A refund names its take's id, which the take left in the request
+      -- log: it gives back once, and nothing after whatever forgot the log
+      -- (Reset, Delete, a change of rates: the state its grant was counted
+      -- in is gone, or counts otherwise).
       wrote = true
       --[[ release ]] back = count(tat - NOW_US, tatf, pe, pr, rate)
 if back > permits then back = permits end
@@ -1409,6 +1414,17 @@ if op == 'set' or op == 'tryset' then
   end
   write_config(new)
   stored = true
+  -- New rates forget the request log: a lease's refund names its take
+  -- there, and a grant counted under other rates is never given back into
+  -- these. A script re-sent across it may count twice: that only denies
+  -- sooner.
+  local same = old
+  for _, field in ipairs({ 'rate', 'interval', 'type', 'burst', 'buckets', 'more', 'calendar' }) do
+    same = same and (old[field] or 0) == (new[field] or 0)
+  end
+  if not same then
+    redis.call('DEL', KEYS[REQUESTS])
+  end
   if old and old.type ~= new.type then
     delete_state() -- usage under one type means nothing under the other
   else
