@@ -112,11 +112,32 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if s == nil {
 		return nil
 	}
+	defer l.client.leases.Delete(l)
 	s.mu.Lock()
 	s.closed = true
+	for s.taking != nil {
+		// A take in flight: its block goes back here, once it returns.
+		t := s.taking
+		s.closers++
+		s.mu.Unlock()
+		var err error
+		select {
+		case <-t.done:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		s.mu.Lock()
+		s.closers--
+		if err != nil {
+			if s.taking == nil && s.closers == 0 {
+				go l.refund(context.Background(), s.drop()) // it returned as Close gave up
+			}
+			s.mu.Unlock()
+			return fmt.Errorf("redlimit: %w", err)
+		}
+	}
 	b := s.drop()
 	s.mu.Unlock()
-	l.client.leases.Delete(l)
 	return l.refund(ctx, b)
 }
 
@@ -133,21 +154,23 @@ type lease struct {
 	lastAt       time.Time
 	deniedUntil  time.Time
 	deniedAsking int64
-	// taking: closed when the take in flight returns; nil when none is.
-	taking chan struct{}
+	// taking is the take in flight, nil when none is; closers, how many
+	// Close calls wait for it, to give its block back themselves.
+	taking  *taking
+	closers int
 
 	calls, taken, used, returned atomic.Int64
 }
 
 // block is one take's permits.
 type block struct {
-	held  int64     // left to grant
-	size  int64     // taken
-	used  int64     // granted from it
-	at    int64     // the grant, µs on Redis's clock: what a refund names
+	held  int64      // left to grant
+	size  int64      // taken
+	used  int64      // granted from it
+	at    int64      // the grant, µs on Redis's clock: what a refund names
 	id    *requestID // the take's, which its refund names
-	from  time.Time // sent, on the Client's clock
-	until time.Time // not used from then: from + Time, or its window's end
+	from  time.Time  // sent, on the Client's clock
+	until time.Time  // not used from then: from + Time, or its window's end
 	timer *time.Timer
 }
 
@@ -193,7 +216,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 			return r, nil, true
 		}
 		if s.taking != nil {
-			wait := s.taking
+			wait := s.taking.done
 			s.mu.Unlock()
 			select {
 			case <-wait:
@@ -204,7 +227,8 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 		}
 		want := s.want(now, permits, l.alg.records)
 		old := s.drop()
-		s.taking = make(chan struct{})
+		t := &taking{done: make(chan struct{})}
+		s.taking = t
 		s.mu.Unlock()
 		if old.held > 0 && c.now != nil {
 			// On WithClock's clock, in order: a run on a controlled clock
@@ -213,9 +237,57 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 		} else if old.held > 0 {
 			go l.refund(context.Background(), old)
 		}
-		return s.take(ctx, l, permits, want)
+		return s.await(ctx, l, t, permits, want)
 	}
 }
+
+// taking is a take in flight, and what it answers its caller.
+type taking struct {
+	done chan struct{} // closed when the take has returned
+	left bool          // its caller left first: the block keeps the caller's permits
+	r    Result
+	err  error
+}
+
+// await runs take t for its caller, who may leave before it returns: Redis
+// may have counted it by then, so it runs on, up to the caller's deadline
+// or 5 s from now if later, and its block (the caller's permits too) is
+// kept, to be used or given back.
+func (s *lease) await(ctx context.Context, l *Limiter, t *taking, permits, want int64) (Result, error, bool) {
+	tctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+	if d, ok := ctx.Deadline(); ok {
+		tctx, cancel = context.WithDeadline(tctx, later(d, time.Now().Add(leaseCallTimeout)))
+	}
+	go func() {
+		s.take(tctx, l, t, permits, want)
+		cancel()
+	}()
+	select {
+	case <-t.done:
+		return t.r, t.err, true
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-t.done: // returned meanwhile: its answer stands
+		return t.r, t.err, true
+	default:
+		t.left = true
+		return Result{}, fmt.Errorf("redlimit: %w", ctx.Err()), true
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// leaseCallTimeout bounds a take whose caller left and a refund whose
+// caller set no deadline.
+const leaseCallTimeout = 5 * time.Second
 
 // most is the largest block: Max, and Share of the limit as Redis last
 // said it (before any take, the request's own permits).
@@ -258,8 +330,8 @@ func (s *lease) want(now time.Time, permits int64, unrefunded bool) int64 {
 }
 
 // take asks Redis for want permits, or as few as permits, and grants the
-// caller's permits from them.
-func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Result, error, bool) {
+// caller's permits from them, unless the caller left: t's answer.
+func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want int64) {
 	c := l.client
 	from := c.clock()
 	// The take's id stays in the request log for as long as a refund may
@@ -284,10 +356,11 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	close(s.taking)
+	defer close(t.done)
 	s.taking = nil
 	if err != nil {
-		return Result{}, err, true
+		t.err = err
+		return
 	}
 	s.last, s.lastAt = r, from
 	r.Quotas = slices.Clone(r.Quotas) // the caller's own: s.last keeps its
@@ -301,10 +374,15 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 			s.deniedUntil, s.deniedAsking = from.Add(min(r.RetryAfter, s.cfg.Time)), permits
 		}
 		r.Reason = ReasonLimit
-		return r, nil, true
+		t.r = r
+		return
+	}
+	used := permits
+	if t.left {
+		used = 0 // the caller's permits stay in the block
 	}
 	s.taken.Add(taken)
-	s.used.Add(permits)
+	s.used.Add(used)
 	until := from.Add(s.cfg.Time)
 	if l.alg.name == fixedWindow.name {
 		// A fixed window's permits are its window's: never used past its
@@ -314,18 +392,20 @@ func (s *lease) take(ctx context.Context, l *Limiter, permits, want int64) (Resu
 			until = end
 		}
 	}
-	s.block = block{held: taken - permits, size: taken, used: permits, at: at, id: req.id, from: from, until: until}
+	s.block = block{held: taken - used, size: taken, used: used, at: at, id: req.id, from: from, until: until}
 	if s.closed {
 		// Closed while the take was in flight: what it took beyond the
-		// request goes back at once.
-		go l.refund(context.Background(), s.drop())
-	} else if taken > permits && l.client.now == nil {
+		// request goes back, by the Close waiting for it, or at once.
+		if s.closers == 0 {
+			go l.refund(context.Background(), s.drop())
+		}
+	} else if s.block.held > 0 && l.client.now == nil {
 		// Given back when its time is up, if no request does it sooner (on
 		// WithClock's clock, a request or Close does).
 		s.block.timer = time.AfterFunc(until.Sub(from), func() { s.expire(l, at) })
 	}
 	r.Remaining += s.block.held
-	return r, nil, true
+	t.r = r
 }
 
 // expire gives back the block granted at at, if it is still the one held.
@@ -352,7 +432,7 @@ func (l *Limiter) refund(ctx context.Context, b block) error {
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		ctx, cancel = context.WithTimeout(ctx, leaseCallTimeout)
 		defer cancel()
 	}
 	reply, err := l.eval(ctx, request{op: opRefund, id: b.id, arg: strconv.FormatInt(b.held, 10) + " " + strconv.FormatInt(b.at, 10) + " " + strconv.FormatInt(b.size, 10)})

@@ -197,9 +197,8 @@ func TestLeaseAttackRefundIntoAddedRate(t *testing.T) {
 }
 
 // holdTake is a go-redis hook that, while hold is set, holds each lease
-// take (the script's op lease): with ran, it runs the take first and then
-// fails it when the caller's context ends, as a read cut short by a
-// cancelled call does; without, it waits for release before sending it.
+// take (the script's op lease) until release: with ran, after Redis ran
+// it (its caller may have left by then), else before sending it.
 type holdTake struct {
 	passHook
 	hold    atomic.Bool
@@ -224,11 +223,7 @@ func (h *holdTake) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		err := next(ctx, cmd)
-		<-ctx.Done()
-		if err == nil {
-			err = ctx.Err()
-			cmd.SetErr(err)
-		}
+		<-h.release
 		return err
 	}
 }
@@ -269,8 +264,15 @@ func TestLeaseAttackCancelledTakeLosesBlock(t *testing.T) {
 	}()
 	<-h.arrived
 	cancel()
-	require.ErrorIs(t, <-done, context.Canceled)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		close(h.release)
+		t.Fatal("the caller did not leave when its context ended")
+	}
 	h.hold.Store(false)
+	close(h.release) // the take, counted in Redis, returns after its caller left
 
 	require.NoError(t, l.Close(context.Background()))
 	other := newClient(rdb, clk).FixedWindow(name).WithDefault(PerSecond(100))

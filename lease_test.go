@@ -112,8 +112,8 @@ func TestLeaseRefundGivesBackOnlyItsGrant(t *testing.T) {
 			assert.Equal(t, 9*time.Second, r.ResetAfter, "the 5 at 1.5 s still count, until 11 s")
 
 			// Its sub-window gone, a refund takes nothing from a later one.
-			b = leaseOf(t, l, 5, 1) // at 2 s
-			clk.Add(10 * time.Second)   // 12 s: sub-window 2 is out
+			b = leaseOf(t, l, 5, 1)   // at 2 s
+			clk.Add(10 * time.Second) // 12 s: sub-window 2 is out
 			require.Equal(t, int64(10), available(t, l))
 			ok, err = l.TryAcquire(ctx, 10)
 			require.NoError(t, err)
