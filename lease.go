@@ -291,9 +291,12 @@ const leaseCallTimeout = 5 * time.Second
 
 // most is the largest block: Max, and Share of the limit as Redis last
 // said it (before any take, the request's own permits).
-func (s *lease) most(permits int64) int64 {
-	limit := s.last.Limit
-	for _, q := range s.last.Quotas {
+func (s *lease) most(permits int64) int64 { return s.mostOf(s.last, permits) }
+
+// mostOf is most, by the limits of r.
+func (s *lease) mostOf(r Result, permits int64) int64 {
+	limit := r.Limit
+	for _, q := range r.Quotas {
 		limit = min(limit, q.Limit)
 	}
 	if limit <= 0 {
@@ -354,9 +357,17 @@ func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want i
 			r, err = parseResult(head, l.dflt)
 		}
 	}
+	// over: a block above the cap of the limits it was taken under (a rate
+	// lowered since the last take, which sized it), given back at once.
+	var over block
+	defer func() {
+		if over.held > 0 {
+			_ = l.refund(ctx, over)
+		}
+		close(t.done)
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer close(t.done)
 	s.taking = nil
 	if err != nil {
 		t.err = err
@@ -393,7 +404,9 @@ func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want i
 		}
 	}
 	s.block = block{held: taken - used, size: taken, used: used, at: at, id: req.id, from: from, until: until}
-	if s.closed {
+	if taken > max(permits, s.mostOf(r, permits)) {
+		over = s.drop()
+	} else if s.closed {
 		// Closed while the take was in flight: what it took beyond the
 		// request goes back, by the Close waiting for it, or at once.
 		if s.closers == 0 {
@@ -402,16 +415,16 @@ func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want i
 	} else if s.block.held > 0 && l.client.now == nil {
 		// Given back when its time is up, if no request does it sooner (on
 		// WithClock's clock, a request or Close does).
-		s.block.timer = time.AfterFunc(until.Sub(from), func() { s.expire(l, at) })
+		s.block.timer = time.AfterFunc(until.Sub(from), func() { s.expire(l, at, req.id) })
 	}
 	r.Remaining += s.block.held
 	t.r = r
 }
 
-// expire gives back the block granted at at, if it is still the one held.
-func (s *lease) expire(l *Limiter, at int64) {
+// expire gives back the block its take (at, id) made, if it is still the one held.
+func (s *lease) expire(l *Limiter, at int64, id *requestID) {
 	s.mu.Lock()
-	if s.block.at != at || s.block.held == 0 {
+	if s.block.at != at || s.block.id != id || s.block.held == 0 {
 		s.mu.Unlock()
 		return
 	}

@@ -119,14 +119,33 @@ func TestLeaseChild(t *testing.T) {
 	require.NoError(t, json.NewEncoder(os.Stdout).Encode(report))
 }
 
+// childOutput collects a child's output, which a test reads while the
+// child still writes.
+type childOutput struct {
+	mu  sync.Mutex
+	out strings.Builder
+}
+
+func (o *childOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.out.Write(p)
+}
+
+func (o *childOutput) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.out.String()
+}
+
 // startLeaseChild starts a child on spec; its stdout comes back through out.
-func startLeaseChild(ctx context.Context, t *testing.T, spec leaseSpec) (*exec.Cmd, *strings.Builder) {
+func startLeaseChild(ctx context.Context, t *testing.T, spec leaseSpec) (*exec.Cmd, *childOutput) {
 	t.Helper()
 	raw, err := json.Marshal(spec)
 	require.NoError(t, err)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLeaseChild$", "-test.count=1", "-test.timeout=2m")
 	cmd.Env = append(os.Environ(), leaseChildEnv+"="+string(raw))
-	out := &strings.Builder{}
+	out := &childOutput{}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	return cmd, out
@@ -222,7 +241,7 @@ func TestLeaseAcrossProcesses(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 					defer cancel()
 					var cmds []*exec.Cmd
-					var outs []*strings.Builder
+					var outs []*childOutput
 					for range 3 {
 						cmd, out := startLeaseChild(ctx, t, spec)
 						cmds, outs = append(cmds, cmd), append(outs, out)

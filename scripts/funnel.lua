@@ -122,6 +122,9 @@ wait = tat - NOW_US - w
 if tatf > f then wait = wait + 1 end
 
 --[[@commit]]
+-- The grant drains from the TAT before it (whole µs, rounded down): a
+-- refund reckons from there (common.lua's since).
+if not since or tat < since then since = tat end
 local w, f = permits * pe, permits * pr
 if f < 4503599627370496 then
   local r = f % rate

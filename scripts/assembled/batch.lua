@@ -273,8 +273,11 @@ local granted = {}
 
 -- soonest: the last decision's shortest reset, µs, among its rates (reset
 -- is the longest): a fixed window's first window to end, where a lease's
--- block must end too (the lease op below).
-local soonest = 0
+-- block must end too; since: when its grant starts to count down, µs, if
+-- later than now: a funnel's, queued behind the permits before it (the
+-- earliest of its rates'), which a lease's refund names (the lease op
+-- below).
+local soonest, since = 0, nil
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -282,6 +285,7 @@ local soonest = 0
 local function decide(KEYS, ARGV)
   -- A batch's requests each carry their clock, or '' for the call's.
   local NOW_US, NOW_MS = NOW_US, NOW_MS
+  since = nil
   if ARGV[NOW] ~= '' then
     NOW_US = ARGV[NOW] + 0
     NOW_MS = (NOW_US - NOW_US % 1000) / 1000
@@ -1139,8 +1143,11 @@ end
 
 -- soonest: the last decision's shortest reset, µs, among its rates (reset
 -- is the longest): a fixed window's first window to end, where a lease's
--- block must end too (the lease op below).
-local soonest = 0
+-- block must end too; since: when its grant starts to count down, µs, if
+-- later than now: a funnel's, queued behind the permits before it (the
+-- earliest of its rates'), which a lease's refund names (the lease op
+-- below).
+local soonest, since = 0, nil
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -1148,6 +1155,7 @@ local soonest = 0
 local function decide(KEYS, ARGV)
   -- A batch's requests each carry their clock, or '' for the call's.
   local NOW_US, NOW_MS = NOW_US, NOW_MS
+  since = nil
   if ARGV[NOW] ~= '' then
     NOW_US = ARGV[NOW] + 0
     NOW_MS = (NOW_US - NOW_US % 1000) / 1000
@@ -1523,7 +1531,10 @@ if tatf > f then wait = wait + 1 end
         allowed = 1
         if permits > 0 and (not LOG or first_run()) then
           counted = true
-          --[[ commit ]] local w, f = permits * pe, permits * pr
+          --[[ commit ]] -- The grant drains from the TAT before it (whole µs, rounded down): a
+-- refund reckons from there (common.lua's since).
+if not since or tat < since then since = tat end
+local w, f = permits * pe, permits * pr
 if f < 4503599627370496 then
   local r = f % rate
   w, f = w + (f - r) / rate, r
@@ -1650,7 +1661,10 @@ end
         local limit = --[[ capacity ]] burst
         local remaining, reset, back = 0, 0, 0
         if counted then
-          --[[ more_commit ]] local w, f = permits * pe, permits * pr
+          --[[ more_commit ]] -- The grant drains from the TAT before it (whole µs, rounded down): a
+-- refund reckons from there (common.lua's since).
+if not since or tat < since then since = tat end
+local w, f = permits * pe, permits * pr
 if f < 4503599627370496 then
   local r = f % rate
   w, f = w + (f - r) / rate, r
@@ -1871,8 +1885,11 @@ local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_windo
 
 -- soonest: the last decision's shortest reset, µs, among its rates (reset
 -- is the longest): a fixed window's first window to end, where a lease's
--- block must end too (the lease op below).
-local soonest = 0
+-- block must end too; since: when its grant starts to count down, µs, if
+-- later than now: a funnel's, queued behind the permits before it (the
+-- earliest of its rates'), which a lease's refund names (the lease op
+-- below).
+local soonest, since = 0, nil
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -1880,6 +1897,7 @@ local soonest = 0
 local function decide(KEYS, ARGV)
   -- A batch's requests each carry their clock, or '' for the call's.
   local NOW_US, NOW_MS = NOW_US, NOW_MS
+  since = nil
   if ARGV[NOW] ~= '' then
     NOW_US = ARGV[NOW] + 0
     NOW_MS = (NOW_US - NOW_US % 1000) / 1000
@@ -2547,8 +2565,11 @@ local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_windo
 
 -- soonest: the last decision's shortest reset, µs, among its rates (reset
 -- is the longest): a fixed window's first window to end, where a lease's
--- block must end too (the lease op below).
-local soonest = 0
+-- block must end too; since: when its grant starts to count down, µs, if
+-- later than now: a funnel's, queued behind the permits before it (the
+-- earliest of its rates'), which a lease's refund names (the lease op
+-- below).
+local soonest, since = 0, nil
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -2556,6 +2577,7 @@ local soonest = 0
 local function decide(KEYS, ARGV)
   -- A batch's requests each carry their clock, or '' for the call's.
   local NOW_US, NOW_MS = NOW_US, NOW_MS
+  since = nil
   if ARGV[NOW] ~= '' then
     NOW_US = ARGV[NOW] + 0
     NOW_MS = (NOW_US - NOW_US % 1000) / 1000

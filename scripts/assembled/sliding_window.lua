@@ -158,8 +158,11 @@ local FOREIGN = ALGORITHM == 'funnel' and '[^%d,;]' or ALGORITHM == 'fixed_windo
 
 -- soonest: the last decision's shortest reset, µs, among its rates (reset
 -- is the longest): a fixed window's first window to end, where a lease's
--- block must end too (the lease op below).
-local soonest = 0
+-- block must end too; since: when its grant starts to count down, µs, if
+-- later than now: a funnel's, queued behind the permits before it (the
+-- earliest of its rates'), which a lease's refund names (the lease op
+-- below).
+local soonest, since = 0, nil
 
 -- The decision (allow) and its inverse (release), on a request's KEYS and
 -- ARGV: its reply, or nil for a config that is missing or fails a check
@@ -167,6 +170,7 @@ local soonest = 0
 local function decide(KEYS, ARGV)
   -- A batch's requests each carry their clock, or '' for the call's.
   local NOW_US, NOW_MS = NOW_US, NOW_MS
+  since = nil
   if ARGV[NOW] ~= '' then
     NOW_US = ARGV[NOW] + 0
     NOW_MS = (NOW_US - NOW_US % 1000) / 1000
@@ -971,8 +975,9 @@ if op == 'allow' or op == 'release' or op == 'charge' or op == 'refund' then
 elseif op == 'lease' then
   -- A lease (lease.go) takes a block of permits, PERMITS 'want least': want
   -- if they fit now, else as many as fit if that is least or more. It is
-  -- the decision of the permits taken, with ' @now taken soonest' after its
-  -- reply: the grant's time on Redis's clock, which a refund names, the
+  -- the decision of the permits taken, with ' @at taken soonest' after its
+  -- reply: the grant's time on Redis's clock (now, or since), which a
+  -- refund names, the
   -- permits taken (0: denied, as the reply says), and the shortest reset
   -- of its rates (see soonest).
   local want, least = string.match(ARGV[PERMITS], '^(%d+) (%d+)$')
@@ -1006,7 +1011,7 @@ elseif op == 'lease' then
   end
   if decided then
     local taken = string.byte(reply, 3) == 49 and args[PERMITS] or '0'
-    return reply .. string.format(' @%d ', NOW_US) .. taken .. string.format(' %d', soonest)
+    return reply .. string.format(' @%d ', since or NOW_US) .. taken .. string.format(' %d', soonest)
   elseif reply ~= nil then
     return reply
   end
