@@ -13,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Hostile tests of leased handles (lease.go): each asserts what the bound
-// at the top of lease.go, and README's Leases, promise.
+// Hostile tests of leased handles (lease.go), from a review that tried to
+// break what the bound at the top of lease.go, and README's Leases,
+// promise: each comment tells the failure the test found (all fixed since),
+// and the test asserts the promise.
 
 // A fixed window with several rates: a block taken at 0.9 s must not be
 // used past the first rate's window end at 1 s, or the second [1 s, 2 s)
@@ -107,12 +109,11 @@ func TestLeaseAttackRefundAfterReset(t *testing.T) {
 	})
 }
 
-// A leased handle's local denial outlives its own Reset, SetRate and
-// Release: it
-// keeps denying, without asking Redis, for the whole RetryAfter Redis gave
-// (here an hour), though its lease time is a second. WithLocalCache drops
-// its denials on this Client's Reset, SetRate and Release; README says SetRate
-// reaches a leased handle within Time.
+// A leased handle's local denial outlived its own Reset, SetRate and
+// Release: it kept denying, without asking Redis, for the whole RetryAfter
+// Redis gave (here an hour), though its lease time is a second.
+// WithLocalCache drops its denials on this Client's Reset, SetRate and
+// Release; README says SetRate reaches a leased handle within Time.
 func TestLeaseAttackDenialOutlivesOwnChanges(t *testing.T) {
 	for _, change := range []string{"reset", "setrate", "release"} {
 		t.Run(change, func(t *testing.T) {
