@@ -52,13 +52,7 @@ func TestLeaseAttackRefundAfterPerClientSwitch(t *testing.T) {
 		ctx := context.Background()
 		clk := newClock()
 		name := uniqueName(t)
-		admin := newClient(rdb, clk).FixedWindow(name)
-		require.NoError(t, admin.SetRate(ctx, PerSecond(100)))
-		l := newClient(rdb, clk, WithClientID("a")).FixedWindow(name).WithLease(Lease{Time: time.Second, Share: 0.5})
-		for range 2 {
-			require.True(t, allow(t, l, 1).Allowed)
-		}
-		require.Equal(t, int64(51), l.LeaseStats().Taken, "1, then a block of 50 (half of 100)")
+		admin, l := blockOut(t, rdb, clk, name, WithClientID("a"))
 		clk.Add(time.Millisecond) // the switch comes after the take, on any clock
 		require.NoError(t, admin.SetRate(ctx, Config{Rate: 10, Interval: time.Second, Type: PerClient}))
 		a := newClient(rdb, clk, WithClientID("a")).FixedWindow(name)
@@ -179,14 +173,7 @@ func TestLeaseAttackRefundIntoAddedRate(t *testing.T) {
 	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		clk := newClock()
-		name := uniqueName(t)
-		admin := newClient(rdb, clk).FixedWindow(name)
-		require.NoError(t, admin.SetRate(ctx, PerSecond(100)))
-		l := newClient(rdb, clk).FixedWindow(name).WithLease(Lease{Time: time.Second, Share: 0.5})
-		for range 2 {
-			require.True(t, allow(t, l, 1).Allowed)
-		}
-		require.Equal(t, int64(51), l.LeaseStats().Taken)
+		admin, l := blockOut(t, rdb, clk, uniqueName(t))
 		clk.Add(time.Millisecond) // the rate is added after the take, on any clock
 		require.NoError(t, admin.SetRate(ctx, PerSecond(100).And(PerMinute(120))))
 		ok, err := admin.TryAcquire(ctx, 40)
@@ -390,4 +377,20 @@ func TestLeaseAttackFunnelRefundBehindOthers(t *testing.T) {
 		assert.Equal(t, int64(4), reply, "none of the block's 5 has drained")
 		assert.Equal(t, int64(7), available(t, l), "as if the block were 1: 3 pending at 0.3 s")
 	})
+}
+
+// blockOut stores PerSecond(100) on the fixed window name, and has a
+// handle of a Client made with opts lease from it (Time 1 s, Share 0.5): a
+// take of 1, then a block of 50, 49 of it held. It returns the limiter as
+// the admin sees it, and the leased handle.
+func blockOut(t *testing.T, rdb redis.UniversalClient, clk *clock, name string, opts ...Option) (admin, l *Limiter) {
+	t.Helper()
+	admin = newClient(rdb, clk).FixedWindow(name)
+	require.NoError(t, admin.SetRate(context.Background(), PerSecond(100)))
+	l = newClient(rdb, clk, opts...).FixedWindow(name).WithLease(Lease{Time: time.Second, Share: 0.5})
+	for range 2 {
+		require.True(t, allow(t, l, 1).Allowed)
+	}
+	require.Equal(t, int64(51), l.LeaseStats().Taken, "1, then a block of 50 (half of 100)")
+	return admin, l
 }

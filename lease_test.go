@@ -641,15 +641,7 @@ func TestClientCloseGivesBackLeases(t *testing.T) {
 func TestLeaseRefundAfterSameSetRate(t *testing.T) {
 	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
-		clk := newClock()
-		name := uniqueName(t)
-		admin := newClient(rdb, clk).FixedWindow(name)
-		require.NoError(t, admin.SetRate(ctx, PerSecond(100)))
-		l := newClient(rdb, clk).FixedWindow(name).WithLease(Lease{Time: time.Second, Share: 0.5})
-		for range 2 {
-			require.True(t, allow(t, l, 1).Allowed)
-		}
-		require.Equal(t, int64(51), l.LeaseStats().Taken, "1, then a block of 50")
+		admin, l := blockOut(t, rdb, newClock(), uniqueName(t))
 		require.NoError(t, admin.SetRate(ctx, PerSecond(100)))
 		require.NoError(t, l.Close(ctx))
 		assert.Equal(t, int64(49), l.LeaseStats().Returned, "the block's unused 49")
