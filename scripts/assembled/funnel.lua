@@ -934,9 +934,8 @@ elseif op == 'lease' then
   -- if they fit now, else as many as fit if that is least or more. It is
   -- the decision of the permits taken, with ' @at taken soonest' after its
   -- reply: the grant's time on Redis's clock (now, or since), which a
-  -- refund names, the
-  -- permits taken (0: denied, as the reply says), and the shortest reset
-  -- of its rates (see soonest).
+  -- refund names, the permits taken (0: denied, as the reply says), and
+  -- the shortest reset of its rates (see soonest).
   local want, least = string.match(ARGV[PERMITS], '^(%d+) (%d+)$')
   if not want or least + 0 > want + 0 then
     error('REDLIMIT lease ' .. string.format('%q', ARGV[PERMITS]) .. ': want "want least"', 0)
