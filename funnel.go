@@ -46,7 +46,9 @@ func (c *Client) Throttle(ctx context.Context, key string, maxBurst, count int64
 	if err := l.Validate(cfg); err != nil {
 		return ThrottleResult{}, err
 	}
-	r, err := l.withConfig(sourceFixed, cfg).Allow(ctx, quantity)
+	// CL.THROTTLE answers a quantity above the capacity as limited, with
+	// retry -1: decide, not Allow, which calls it ErrPermitsExceedRate.
+	r, err := l.withConfig(sourceFixed, cfg).decide(ctx, quantity)
 	if err != nil {
 		return ThrottleResult{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -11,6 +12,17 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
+
+// allowAny is Allow for the tables and models that ask for more than the
+// limit too: there ErrPermitsExceedRate, with RetryAfter Never, is the
+// answer they check, not a failure.
+func allowAny(ctx context.Context, l *Limiter, permits int64) (Result, error) {
+	r, err := l.Allow(ctx, permits)
+	if errors.Is(err, ErrPermitsExceedRate) && r.RetryAfter == Never && !r.Allowed {
+		err = nil
+	}
+	return r, err
+}
 
 // passHook is a go-redis hook that lets everything through: a hook embeds
 // it and overrides what it acts on.

@@ -462,14 +462,12 @@ type Quota struct {
 // A request for more permits than the limit is ErrPermitsExceedRate.
 func (l *Limiter) TryAcquire(ctx context.Context, permits int64) (bool, error) {
 	r, err := l.Allow(ctx, permits)
-	if err == nil {
-		err = aboveLimit(r, permits)
-	}
 	return r.Allowed, err
 }
 
 // aboveLimit is ErrPermitsExceedRate for a request that no wait can satisfy:
-// the methods that take permits treat it as an error, Allow as a denial.
+// every method that takes permits answers it so, Allow too, so that no
+// caller reads "denied, retry after -1ns" as "try again now".
 func aboveLimit(r Result, permits int64) error {
 	if !r.Allowed && r.RetryAfter == Never {
 		return fmt.Errorf("%w: %d permits, limit %d", ErrPermitsExceedRate, permits, r.Limit)
@@ -479,12 +477,18 @@ func aboveLimit(r Result, permits int64) error {
 
 // Allow makes one attempt to take permits and reports the limiter's state.
 // Zero permits is a peek: it reports the state and writes nothing. A request
-// for more permits than Limit is denied with RetryAfter -1.
+// for more permits than Limit can never be granted: it is denied with
+// RetryAfter Never and the error ErrPermitsExceedRate, as TryAcquire and
+// Acquire answer it (in shadow mode it is granted, as every request is).
 func (l *Limiter) Allow(ctx context.Context, permits int64) (Result, error) {
 	if permits < 0 {
 		return Result{}, fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
 	}
-	return l.decide(ctx, permits)
+	r, err := l.decide(ctx, permits)
+	if err == nil {
+		err = aboveLimit(r, permits)
+	}
+	return r, err
 }
 
 // Acquire takes permits, waiting as long as it takes or until ctx ends. It
@@ -495,9 +499,6 @@ func (l *Limiter) Allow(ctx context.Context, permits int64) (Result, error) {
 func (l *Limiter) Acquire(ctx context.Context, permits int64) error {
 	for {
 		r, err := l.Allow(ctx, permits)
-		if err == nil {
-			err = aboveLimit(r, permits)
-		}
 		if err != nil || r.Allowed {
 			return err
 		}
@@ -523,9 +524,6 @@ func (l *Limiter) TryAcquireWithin(ctx context.Context, permits int64, timeout t
 	deadline := l.client.clock().Add(timeout)
 	for {
 		r, err := l.Allow(ctx, permits)
-		if err == nil {
-			err = aboveLimit(r, permits)
-		}
 		if err != nil || r.Allowed {
 			return r.Allowed, err
 		}

@@ -246,7 +246,7 @@ func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
 	t.Helper()
 	for i, s := range steps {
 		clk.Set(epoch.Add(s.at))
-		r, err := l.Allow(context.Background(), s.permits)
+		r, err := allowAny(context.Background(), l, s.permits)
 		require.NoError(t, err, "step %d", i)
 		assert.Equal(t, s, step{s.at, s.permits, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter}, "step %d at %v", i, s.at)
 	}
@@ -360,7 +360,7 @@ func TestPermitsAboveLimit(t *testing.T) {
 		name := uniqueName(t)
 		l := a.new(newClient(rdb, newClock()), name).WithDefault(tenPer10s)
 		r, err := l.Allow(ctx, 11)
-		require.NoError(t, err)
+		require.ErrorIs(t, err, ErrPermitsExceedRate, "Allow answers as TryAcquire does: no caller reads RetryAfter -1 as \"now\"")
 		assert.False(t, r.Allowed)
 		assert.Equal(t, Never, r.RetryAfter)
 		assert.Equal(t, int64(10), r.Remaining)

@@ -620,7 +620,7 @@ func TestMultiRateMatchesModel(t *testing.T) {
 				var permits int64
 				now, permits = seq.next()
 				clk.Set(time.UnixMicro(now))
-				got, err := l.Allow(ctx, permits)
+				got, err := allowAny(ctx, l, permits)
 				require.NoError(t, err)
 				want := model.allow(now, permits)
 				require.Equal(t, want, got, "round %d call %d: %v (stored %v), %d permits at epoch + %dµs", round, i, cfg, stored, permits, now-epoch.UnixMicro())
@@ -776,7 +776,7 @@ func runMultiSteps(t *testing.T, l *Limiter, clk *clock, cfg Config, steps []mul
 	t.Helper()
 	for i, s := range steps {
 		clk.Set(epoch.Add(s.at))
-		got, err := l.Allow(context.Background(), s.permits)
+		got, err := allowAny(context.Background(), l, s.permits)
 		require.NoError(t, err, "step %d", i)
 		assert.Equal(t, want(quotasOf(cfg), s.allowed, s.remaining, s.retry, s.reset, s.bound), got, "step %d: %d at %v under %v", i, s.permits, s.at, cfg)
 	}
@@ -1104,7 +1104,11 @@ func TestMultiRatePermitsAboveALimit(t *testing.T) {
 		full := func(granted int64) time.Duration { return time.Duration(granted) * 36 * time.Second }
 		for _, permits := range []int64{11, 31, 101, 1 << 40} {
 			r, err := l.Allow(ctx, permits)
-			require.NoError(t, err)
+			if permits <= quotas[1].Limit {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, ErrPermitsExceedRate, "%d", permits)
+			}
 			bound := 1
 			if permits > quotas[0].Limit {
 				bound = 0

@@ -51,11 +51,22 @@ func Require() bool { return os.Getenv(RequireEnv) == "1" }
 // Main runs the tests, stops every server and cluster this process started
 // and exits with the tests' status. os.Exit skips deferred calls, which is why
 // the shared servers cannot simply be stopped with a defer in TestMain.
+//
+// go-redis's own log (failed dials, "failed to initialize
+// maintnotifications" for every client of a server without them) is
+// silenced: the tests that cause it mean to, and it buried the lines that
+// mattered (hundreds of them a run).
 func Main(m *testing.M) {
+	redis.SetLogger(quiet{})
 	code := m.Run()
 	stopAll()
 	os.Exit(code)
 }
+
+// quiet is a go-redis logger that drops everything.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 var (
 	// liveMu guards live and tempDirs.
