@@ -53,13 +53,13 @@ func aclSweep(ctx context.Context, rdb redis.Scripter, name string) (string, err
 			}{
 				{"Allow", func() error { _, err := l.Allow(ctx, 1); return err }},
 				{"AvailablePermits", func() error { _, err := l.AvailablePermits(ctx); return err }},
-				{"Release", func() error { return l.Release(ctx, 1) }},
+				{"Reserve and Release", func() error { return reserveAndRelease(ctx, l) }},
 				{"TrySetRate", func() error { _, err := l.TrySetRate(ctx, a.tune(v.cfg, 10, 10)); return err }},
 				{"SetRate", func() error { return l.SetRate(ctx, a.tune(v.cfg, 10, 10)) }},
 				{"Config", func() error { _, err := l.Config(ctx); return err }},
 				{"Allow stored", func() error { _, err := l.Allow(ctx, 2); return err }},
 				{"Allow denied", func() error { _, err := l.Allow(ctx, 10); return err }},
-				{"Release stored", func() error { return l.Release(ctx, 1) }},
+				{"Reserve and Release stored", func() error { return reserveAndRelease(ctx, l) }},
 				{"Clients", func() error { _, err := l.Clients(ctx); return err }},
 				{"Expire", func() error { _, err := l.Expire(ctx, time.Hour); return err }},
 				{"RemainTimeToLive", func() error { _, err := l.RemainTimeToLive(ctx); return err }},
@@ -156,4 +156,14 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			assert.Regexp(t, names, strings.ToLower(err.Error()), "%s: the error names the command", op)
 		})
 	}
+}
+
+// reserveAndRelease reserves a permit of l and gives it back.
+func reserveAndRelease(ctx context.Context, l *Limiter) error {
+	res, err := l.Reserve(ctx, 1)
+	if err != nil {
+		return err
+	}
+	_, err = res.Release(ctx, 1)
+	return err
 }

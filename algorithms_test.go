@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // algo is what the suites know of one algorithm, said once: how to make a
@@ -121,7 +123,9 @@ var (
 			grantedTwice: 10,
 			// With a default, the marker in name tells the other algorithms
 			// that the name holds a token bucket (scripts/common.lua).
-			stateKeys: func(name string) []string { return []string{name, keyOf(name, "permits"), keyOf(name, "value")} },
+			stateKeys: func(name string) []string {
+				return []string{name, wire.KeyOf(name, "permits"), wire.KeyOf(name, "value")}
+			},
 			setState: func(rdb redis.UniversalClient, l *Limiter, value string) {
 				rdb.Del(context.Background(), l.keys[1])
 				rdb.Set(context.Background(), l.keys[1], value, 0)

@@ -40,7 +40,7 @@ func TestBadInputTable(t *testing.T) {
 		// type is a case of its own).
 		clientState := func(l *Limiter) {
 			require.NoError(t, l.SetRate(ctx, Config{Type: PerClient, Rate: 10, Interval: 10 * time.Second}))
-			key := l.keys[len(l.keys)-len(l.alg.state)]
+			key := l.keys[len(l.keys)-len(l.alg.State)]
 			rdb.Del(ctx, key)
 			rdb.SAdd(ctx, key, "x")
 		}
@@ -58,7 +58,7 @@ func TestBadInputTable(t *testing.T) {
 			{"TryAcquire -1", nil, func(l *Limiter) error { _, err := l.TryAcquire(ctx, -1); return err }, ErrInvalidPermits},
 			{"Acquire -1", nil, func(l *Limiter) error { return l.Acquire(ctx, -1) }, ErrInvalidPermits},
 			{"TryAcquireWithin -1", nil, func(l *Limiter) error { _, err := l.TryAcquireWithin(ctx, -1, time.Second); return err }, ErrInvalidPermits},
-			{"Release -1", nil, func(l *Limiter) error { return l.Release(ctx, -1) }, ErrInvalidPermits},
+			{"Release -1", nil, func(l *Limiter) error { _, err := (Reservation{limiter: l, Taken: 1}).Release(ctx, -1); return err }, ErrInvalidPermits},
 			{"TryAcquire above the limit", nil, func(l *Limiter) error { _, err := l.TryAcquire(ctx, 11); return err }, ErrPermitsExceedRate},
 			{"TryAcquire MaxInt64", nil, func(l *Limiter) error { _, err := l.TryAcquire(ctx, math.MaxInt64); return err }, ErrPermitsExceedRate},
 			{"Acquire above the limit", nil, func(l *Limiter) error { return l.Acquire(ctx, 1000) }, ErrPermitsExceedRate},

@@ -10,9 +10,10 @@ import (
 	_ "time/tzdata" // the zones below, whatever the machine has
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 func zone(t *testing.T, name string) *time.Location {

@@ -2,18 +2,34 @@ package redlimit
 
 import (
 	"context"
+	"embed"
 	"encoding/hex"
+	"io/fs"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/evalsha"
 )
+
+//go:embed scripts/*.lua
+var scriptFiles embed.FS
+
+// scripts are the package's Lua scripts, assembled once (internal/evalsha).
+var scripts = func() evalsha.Scripts {
+	files, err := fs.Sub(scriptFiles, "scripts")
+	if err != nil {
+		panic(err) // embedded at build time: cannot happen
+	}
+	return evalsha.Assemble(files)
+}()
 
 // Client makes limiters that share one Redis connection and options. It is
 // safe for concurrent use.
 type Client struct {
-	rdb         redis.Scripter
+	transport   *evalsha.Transport
 	prefix      string
 	now         func() time.Time // nil: the scripts read Redis TIME
 	clientID    string
@@ -23,10 +39,9 @@ type Client struct {
 	failOpen    bool
 	shadow      bool // WithShadow
 	sleep       func(ctx context.Context, d time.Duration) error
-	loads       sync.Map // *script → *scriptLoad, see Client.reload
-	breaker     *breaker // nil unless WithBreaker
-	families    families // see Client.limiter
-	batches     batches  // see batch.go
+	breaker     *evalsha.Breaker // nil unless WithBreaker
+	noBatch     bool             // WithoutBatching
+	families    families         // see Client.limiter
 	// lines: the Acquires waiting on each in-flight limit (inflight.go).
 	linesMu sync.Mutex
 	lines   map[string]*waitingLine
@@ -108,19 +123,56 @@ func WithFailOpen() Option { return func(c *Client) { c.failOpen = true } }
 // see Limiter.WithShadow.
 func WithShadow() Option { return func(c *Client) { c.shadow = true } }
 
+// WithoutBatching sends every decision in a call of its own, as soon as its
+// caller makes it, instead of batching the decisions that arrive while one
+// is in flight (internal/evalsha's group commit).
+func WithoutBatching() Option { return func(c *Client) { c.noBatch = true } }
+
+// WithBreaker makes the Client fail fast while Redis is down. After failures
+// decisions in a row end in ErrUnavailable (a batch's call that fails
+// counts each of its decisions), every call ends at once, without
+// asking Redis, in ErrUnavailable (wrapping ErrBreakerOpen and the last
+// failure) for coolDown. Then one call goes to Redis as a probe while the
+// others still fail fast: if Redis answers, calls flow again; if not, another
+// coolDown starts. Defaults: failures 5 (when < 1), coolDown 1s (when <= 0).
+//
+// Without it each call during an outage waits for go-redis to give up (its
+// dial and read timeouts, times its retries: seconds with the defaults);
+// with it, WithFailOpen grants and failing closed denies in microseconds.
+// Any answer from Redis (a grant, a denial, ErrCorruptState,
+// ErrMisconfigured...) starts the count again. A call whose context was
+// cancelled counts neither way: the caller gave up, not Redis. A context
+// deadline passing before Redis answers counts as a failure: a hung Redis
+// looks like that.
+func WithBreaker(failures int, coolDown time.Duration) Option {
+	if failures < 1 {
+		failures = 5
+	}
+	if coolDown <= 0 {
+		coolDown = time.Second
+	}
+	return func(c *Client) { c.breaker = evalsha.NewBreaker(failures, coolDown) }
+}
+
 // New returns a Client deciding through rdb.
 func New(rdb redis.Scripter, opts ...Option) *Client {
-	c := &Client{rdb: rdb, clientID: randomHex(8), sleep: sleep}
+	c := &Client{clientID: randomHex(8), sleep: sleep}
 	for _, opt := range opts {
 		opt(c)
 	}
+	c.transport = evalsha.NewTransport(rdb, scripts, evalsha.Options{Breaker: c.breaker, NoBatch: c.noBatch})
 	c.clientIDArg, c.retryWindowArg = c.clientID, ""
 	c.families.current = make(map[familyKey]*family)
-	c.batches.route(rdb)
 	if c.retryWindow > 0 {
 		c.retryWindowArg = c.retryWindow.Milliseconds()
 	}
 	return c
+}
+
+// run runs a script that makes no decision (the admin and in-flight
+// scripts).
+func (c *Client) run(ctx context.Context, s *evalsha.Script, keys, args []any) (any, error) {
+	return c.transport.Run(ctx, s, keys, args)
 }
 
 // ClientID returns the identity this Client's PerClient limits are kept under.

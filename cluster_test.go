@@ -77,7 +77,7 @@ func clusterChange(t *testing.T, change func(c *redistest.Cluster, slot int)) {
 		assertAvailable(t, l, 0, "%s: every permit was granted", l.Name())
 	}
 	assert.Equal(t, int64(rate*len(limiters)), granted.Load(), "exactly the limit, across the change")
-	calls, decisions := client.batches.stats()
+	calls, decisions := client.transport.BatchStats()
 	t.Logf("%d decisions in %d batches", decisions, calls)
 	assert.NotZero(t, calls, "batches formed")
 }
@@ -109,7 +109,7 @@ func TestClusterKeysShareASlot(t *testing.T) {
 		for _, a := range algorithms {
 			l := a.new(c, name)
 			slot := redistest.KeySlot(l.keys[0])
-			for _, k := range append(l.keys, l.stateKeys("other")...) {
+			for _, k := range append(l.keys, l.alg.StateKeys(l.Name(), "other")...) {
 				assert.Equal(t, slot, redistest.KeySlot(k), "%s %q: %q", a.name, name, k)
 			}
 		}

@@ -63,6 +63,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/evalsha"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -121,7 +122,7 @@ func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		// A batch's call stamps each of its callers.
 		var stamps []*stamp
-		for _, member := range append(membersOf(ctx), ctx) {
+		for _, member := range append(evalsha.MembersOf(ctx), ctx) {
 			if s, ok := member.Value(stampKey{}).(*stamp); ok {
 				stamps = append(stamps, s)
 			}
@@ -245,7 +246,7 @@ func runChild(spec childSpec) (*childReport, error) {
 	tail := time.Since(time.UnixMicro(spec.Stop))
 
 	report := &childReport{Late: late, Tail: tail}
-	report.Batches, report.Batched = client.batches.stats()
+	report.Batches, report.Batched = client.transport.BatchStats()
 	for _, tl := range tallies {
 		report.Decisions = append(report.Decisions, tl.decisions...)
 		for _, err := range tl.errs {

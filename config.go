@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // RateType says whether a limit is shared by every client or kept per client.
@@ -117,17 +119,17 @@ func (c Config) String() string {
 }
 
 const (
-	defaultBuckets = 10
-	maxBuckets     = 1000
+	defaultBuckets = wire.DefaultBuckets
+	maxBuckets     = wire.MaxBuckets
 	// maxTolerance bounds a funnel's capacity in time (Burst × Interval / Rate,
 	// in µs): the scripts add it to now in µs (~2^50.6 today), and Lua numbers
 	// are doubles, exact to 2^53.
-	maxTolerance = 1 << 52
+	maxTolerance = wire.MaxDebt
 	// maxInterval keeps now + interval, in microseconds, far inside maxExact.
-	maxInterval = 10 * 365 * 24 * time.Hour
+	maxInterval = wire.MaxTTLMS * time.Millisecond
 	// maxRates bounds a config's rates: each costs a decision some Redis
 	// time, and the scripts name the fields of at most this many.
-	maxRates = 4
+	maxRates = wire.MaxRates
 )
 
 // withDefaults fills the zero values that stand for a default.
@@ -235,7 +237,7 @@ func (c Config) validateRate() error {
 // maxLogRate bounds a token bucket's own Rate: the log it keeps in Redisson's
 // layout holds each record's permits as a 4-byte unsigned integer, and one
 // record may hold up to Rate of them (scripts/tokenbucket.lua).
-const maxLogRate = 1<<32 - 1
+const maxLogRate = wire.MaxLogRate
 
 // validateLog reports why c cannot be a token bucket's config. Its further
 // rates (And) keep decimal counts, so they may be larger.
@@ -254,24 +256,21 @@ func (c Config) equal(o Config) bool {
 		c.Buckets == o.Buckets && c.KeepAlive == o.KeepAlive && c.Calendar.equal(o.Calendar) && slices.EqualFunc(c.More, o.More, Config.equal)
 }
 
-// arg encodes c for the scripts as ARGV[4] (scripts/common.lua): source,
-// then the fields, space-separated, then '@' and its calendars (calendars)
-// if it has any, then each further rate's (moreArg). Zero Burst and Buckets
-// go as they are: the scripts apply the defaults, so Config reads back what
-// was set.
-func (c Config) arg(source string) string {
-	b := make([]byte, 0, 64)
-	b = append(b, source...)
-	for _, n := range []int64{c.Rate, c.Interval.Milliseconds(), int64(c.Type), c.Burst, int64(c.Buckets), c.KeepAlive.Milliseconds()} {
-		b = strconv.AppendInt(append(b, ' '), n, 10)
+// arg encodes c for the scripts (wire.ConfigArg). Zero Burst and Buckets go
+// as they are: the scripts apply the defaults, so Config reads back what was
+// set.
+func (c Config) arg(source wire.Source) string {
+	return wire.ConfigArg{Rate: c.Rate, IntervalMS: c.Interval.Milliseconds(), Type: int64(c.Type), Burst: c.Burst,
+		Buckets: int64(c.Buckets), KeepAliveMS: c.KeepAlive.Milliseconds(), Calendars: c.calendars(), More: moreArg(c.More)}.Encode(source)
+}
+
+// rateList is c's rates as the scripts' replies give them.
+func (c Config) rateList() []wire.Rate {
+	rates := make([]wire.Rate, 0, 1+len(c.More))
+	for _, r := range c.rates() {
+		rates = append(rates, wire.Rate{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds(), Burst: r.Burst})
 	}
-	if cals := c.calendars(); cals != "" {
-		b = append(append(b, " @"...), cals...)
-	}
-	if len(c.More) > 0 {
-		b = append(append(b, ' '), moreArg(c.More)...)
-	}
-	return string(b)
+	return rates
 }
 
 // moreArg encodes further rates as the config hash's field more keeps them:

@@ -2,9 +2,11 @@ package redlimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/big"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -68,13 +70,20 @@ func (r *exactRate) remaining(now int64) int64 {
 	return min(r.burst, max(0, floorRat(slack.Quo(slack, r.emission(1)))))
 }
 
-// release gives back up to permits whole emission intervals, and returns how many.
-func (r *exactRate) release(now, permits int64) int64 {
+// release gives back up to permits whole emission intervals of a grant of
+// size permits that started to drain at at µs: never more than the TAT
+// holds, nor than what has not drained of the grant, and returns how many.
+func (r *exactRate) release(now, permits, at, size int64) int64 {
 	held := r.held(now)
-	back := min(permits, floorRat(held.Quo(held, r.emission(1))))
+	back := min(permits, size, floorRat(held.Quo(held, r.emission(1))))
+	left := new(big.Rat).Add(big.NewRat(at-now, 1), r.emission(size))
+	back = min(back, max(0, floorRat(left.Quo(left, r.emission(1)))))
 	r.tat = new(big.Rat).Sub(r.at(now), r.emission(back))
 	return back
 }
+
+// since is when a grant made now starts to drain: the TAT, in whole µs.
+func (r *exactRate) since(now int64) int64 { return floorRat(r.at(now)) }
 
 func floorRat(x *big.Rat) int64 {
 	return new(big.Int).Div(x.Num(), x.Denom()).Int64() // Euclidean: rounds down for a positive denominator
@@ -125,13 +134,31 @@ func (f exactFunnel) allow(now, permits int64) Result {
 	return res
 }
 
-// release returns what each rate gave back.
-func (f exactFunnel) release(now, permits int64) []int64 {
+// release gives back a grant (at, size) in every rate, and returns what
+// each gave back.
+func (f exactFunnel) release(now, permits, at, size int64) []int64 {
 	var back []int64
 	for _, r := range f {
-		back = append(back, r.release(now, permits))
+		back = append(back, r.release(now, permits, at, size))
 	}
 	return back
+}
+
+// since is when a grant made now starts to drain: the earliest of the
+// rates' TATs, in whole µs.
+func (f exactFunnel) since(now int64) int64 {
+	at := f[0].since(now)
+	for _, r := range f[1:] {
+		at = min(at, r.since(now))
+	}
+	return at
+}
+
+// reservation is a grant the model can give back: its reservation, and
+// when it started to drain.
+type reservation struct {
+	res     Reservation
+	at, now int64
 }
 
 // funnelEvent is what one call did at µs at: a grant or a denial of n
@@ -352,6 +379,7 @@ func playFunnel(t *testing.T, rdb redis.UniversalClient, rng *rand.Rand, c funne
 	}
 	models := map[string]exactFunnel{}
 	events := map[string][]funnelEvent{}
+	reserved := map[string]reservation{}
 	for _, id := range clients {
 		models[id] = newExactFunnel(cfg)
 	}
@@ -389,15 +417,34 @@ func playFunnel(t *testing.T, rdb redis.UniversalClient, rng *rand.Rand, c funne
 		}
 		now := clk.Now().UnixMicro()
 		msg := fmt.Sprintf("%s: call %d at %dµs", what, call, now-epoch.UnixMicro())
-		if rng.IntN(10) == 0 {
-			// A release of up to a little more than the first rate holds.
-			held := floorRat(new(big.Rat).Quo(m[0].held(now), first.emission(1)))
-			permits = logUniform(rng, 1, held+2)
-			require.NoError(t, h.Release(ctx, permits), msg)
-			events[id] = append(events[id], funnelEvent{at: now, back: m.release(now, permits)})
+		if last := reserved[id]; rng.IntN(10) == 0 && last.res.Taken > 0 {
+			// A release of the latest reservation, of up to a little more
+			// than it took.
+			permits = logUniform(rng, 1, last.res.Taken+2)
+			back, err := last.res.Release(ctx, permits)
+			require.NoError(t, err, msg)
+			gave := m.release(now, permits, last.at, last.res.Taken)
+			require.Equal(t, slices.Min(gave), back, "%s: a release of %d", msg, permits)
+			events[id] = append(events[id], funnelEvent{at: now, back: gave})
+			reserved[id] = reservation{}
 			continue
 		}
-		got, err := allowAny(ctx, h, permits)
+		since := m.since(now)
+		var got Result
+		var err error
+		if rng.IntN(2) == 0 && permits > 0 {
+			var res Reservation
+			res, err = h.Reserve(ctx, permits)
+			if errors.Is(err, ErrPermitsExceedRate) {
+				err = nil
+			}
+			got = res.Result
+			if res.Taken > 0 {
+				reserved[id] = reservation{res: res, at: since, now: now}
+			}
+		} else {
+			got, err = allowAny(ctx, h, permits)
+		}
 		require.NoError(t, err, msg)
 		want := m.allow(now, permits)
 		if len(m) > 1 {

@@ -18,7 +18,7 @@ import (
 // learnt: on a PerClient limiter, a handle that did not would send the short
 // key list, be told 'perclient' and send the call again, two EVALSHAs a
 // request; and with a stored config it would send its default as 'default'
-// rather than 'defer', the script then trying the wrong read first.
+// rather than 'stored', the script then trying the wrong read first.
 func TestFreshHandlesLearnFromTheirPredecessors(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		for _, withDefault := range []bool{false, true} {
@@ -36,6 +36,8 @@ func TestFreshHandlesLearnFromTheirPredecessors(t *testing.T) {
 				}
 				y := a.new(newClient(rdb, clk, WithClientID("y")), name)
 				require.NoError(t, y.SetRate(ctx, Config{Type: PerClient, Rate: 5, Interval: time.Minute}))
+				_, err := y.AvailablePermits(ctx) // loads the decision script: x's calls meet no NOSCRIPT
+				require.NoError(t, err)
 
 				for i := range 10 {
 					ok, err := handle().TryAcquire(ctx, 1)
@@ -46,7 +48,7 @@ func TestFreshHandlesLearnFromTheirPredecessors(t *testing.T) {
 				if withDefault {
 					want := []string{"default", "default"} // the short list, refused; the whole list, which finds the hash
 					for range 9 {
-						want = append(want, "defer")
+						want = append(want, "stored")
 					}
 					assert.Equal(t, want, log.sourcesSent(), "later handles know the hash is there")
 				}
@@ -73,10 +75,10 @@ func TestHandlesAreMadeOnce(t *testing.T) {
 	assert.Same(t, d, c.Funnel("api").WithDefault(PerSecond(10).And(PerMinute(100))), "an equal config, made anew")
 	assert.NotSame(t, d, l.AsClient("z").WithDefault(cfg), "another client's keys")
 	for _, h := range []*Limiter{d, l.AsClient("z"), l.AsClient("z").WithDefault(cfg)} {
-		assert.Same(t, l.perClient, h.perClient, "every handle on the limiter learns together")
+		assert.Same(t, l.family, h.family, "every handle on the limiter learns together")
 	}
-	assert.Same(t, d.stored, l.AsClient("z").WithDefault(cfg).stored)
-	assert.NotSame(t, l.perClient, c.FixedWindow("api").perClient)
+	assert.Same(t, d.family, l.AsClient("z").WithDefault(cfg).family)
+	assert.NotSame(t, l.family, c.FixedWindow("api").family)
 
 	invalid := l.WithDefault(Config{Rate: 0, Interval: time.Second})
 	assert.ErrorIs(t, invalid.err, ErrInvalidConfig)
@@ -84,7 +86,7 @@ func TestHandlesAreMadeOnce(t *testing.T) {
 	other := l.WithDefault(PerSecond(10).And(PerMinute(200)))
 	assert.NotSame(t, d, other)
 	assert.Same(t, other, l.WithDefault(PerSecond(10).And(PerMinute(200))), "the latest config is kept, one a name")
-	assert.Same(t, d.stored, other.stored)
+	assert.Same(t, d.family, other.family)
 
 	// The caller's config may change once given; the handle's default
 	// stays what it was given.
@@ -105,8 +107,8 @@ func TestHandlesAreMadeOnce(t *testing.T) {
 func TestFamiliesAreBounded(t *testing.T) {
 	c := New(redistest.Miniredis(t))
 	hot, cold := c.TokenBucket("hot"), c.TokenBucket("cold")
-	hot.perClient.Store(true)
-	cold.perClient.Store(true)
+	hot.family.perClient.Store(true)
+	cold.family.perClient.Store(true)
 	for i := range 2 * maxFamilies {
 		c.TokenBucket(fmt.Sprint("user-", i))
 		if i%1000 == 0 {
@@ -116,9 +118,9 @@ func TestFamiliesAreBounded(t *testing.T) {
 	kept := familiesKept(c)
 	assert.LessOrEqual(t, kept, maxFamilies, "of %d names", 2*maxFamilies+2)
 	assert.Same(t, hot, c.TokenBucket("hot"))
-	assert.True(t, c.TokenBucket("hot").perClient.Load(), "and what it learnt")
+	assert.True(t, c.TokenBucket("hot").family.perClient.Load(), "and what it learnt")
 	assert.NotSame(t, cold, c.TokenBucket("cold"), "a name out of use is dropped")
-	assert.False(t, c.TokenBucket("cold").perClient.Load(), "and what it learnt")
+	assert.False(t, c.TokenBucket("cold").family.perClient.Load(), "and what it learnt")
 }
 
 // A service walking its names in a cycle (the bench's 10,000 keys) keeps
@@ -179,13 +181,18 @@ func familiesKept(c *Client) int {
 // go out alone, never batched.
 type cannedReplies struct{ passHook }
 
+// cannedReply is a lone decision's: a default reply (allowed, remaining,
+// retry, reset), boxed once.
+var cannedReply any = "d 1 99 0 0"
+
 func (cannedReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c, ok := cmd.(*redis.Cmd)
 		if !ok || cmd.Name() != "evalsha" {
 			return next(ctx, cmd) // fails: nothing listens
 		}
-		c.SetVal("d 1 99 0 0") // a default reply: allowed, remaining, retry, reset
+		c.SetVal(cannedReply)
+
 		return nil
 	}
 }
@@ -224,7 +231,7 @@ func TestDecisionAllocations(t *testing.T) {
 					name := uniqueName(t)
 					cfg := PerHour(1 << 30)
 					most := b.most
-					if a.new(c, name).alg.records {
+					if a.new(c, name).alg.Records {
 						most = b.withID
 					}
 					decide := func(l *Limiter) {

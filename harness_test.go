@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // allowAny is Allow for the tables and models that ask for more than the
@@ -80,50 +82,44 @@ func (h *commandLog) record(cmd redis.Cmder) {
 	h.names = append(h.names, name)
 	if name == "evalsha" && len(args) > 2 {
 		h.numKeys = append(h.numKeys, args[2])
-		// evalsha sha numkeys keys... then the scripts' arguments (argOp …).
-		if n, ok := args[2].(int); ok && len(args) > 2+n+argConfig && (args[2+n+argOp] == "allow" || args[2+n+argOp] == "release") {
-			source, _, _ := strings.Cut(fmt.Sprint(args[2+n+argConfig]), " ")
-			h.sources = append(h.sources, source)
-		}
 	}
 	h.counts[name]++
 	if script != "" {
 		h.counts[script]++
 	}
-	for _, alg := range requestsOf(args) {
-		h.counts["requests "+alg]++
+	for _, r := range requestsOf(args) {
+		h.counts["requests "+r.alg]++
+		if r.op == string(wire.OpAllow) || r.op == string(wire.OpCharge) {
+			h.sources = append(h.sources, r.source)
+		}
 	}
 }
 
-// scriptsByAlgorithm maps each algorithm's script to its name.
-var scriptsByAlgorithm = map[string]string{
-	tokenBucket.script.sha: tokenBucket.name, funnel.script.sha: funnel.name,
-	fixedWindow.script.sha: fixedWindow.name, slidingWindow.script.sha: slidingWindow.name,
-}
+// sentRequest is one decision request an EVALSHA of the decision script
+// carries: its algorithm, op and config source.
+type sentRequest struct{ alg, op, source string }
 
-// requestsOf lists the algorithm of each request an EVALSHA's args carry:
-// one for an algorithm's script, each of a batch's. commandLog counts them
-// as "requests <algorithm>".
-func requestsOf(args []any) []string {
-	if len(args) < 3 || args[0] != "evalsha" {
+// requestsOf lists the requests an EVALSHA of the decision script carries,
+// in the framing internal/wire declares. commandLog counts them as
+// "requests <algorithm>".
+func requestsOf(args []any) []sentRequest {
+	if len(args) < 3 || args[0] != "evalsha" || args[1] != scripts.Decide.SHA {
 		return nil
-	}
-	sha, _ := args[1].(string)
-	if alg, ok := scriptsByAlgorithm[sha]; ok {
-		return []string{alg}
 	}
 	n, _ := args[2].(int)
-	if sha != batchScript.sha || len(args) < 3+n+2 {
-		return nil
-	}
-	var algs []string
-	for i := 3 + n + 2; i+2 < len(args); {
+	var sent []sentRequest
+	for i := 3 + n; i+wire.RequestHead <= len(args); {
 		alg, _ := args[i].(string)
-		na, _ := args[i+2].(int)
-		algs = append(algs, alg)
-		i += 3 + na
+		op, _ := args[i+1].(string)
+		na, _ := args[i+3].(int)
+		source := ""
+		if na >= wire.ArgConfig {
+			source, _, _ = strings.Cut(fmt.Sprint(args[i+wire.RequestHead+wire.ArgConfig-1]), " ")
+		}
+		sent = append(sent, sentRequest{alg, op, source})
+		i += wire.RequestHead + na
 	}
-	return algs
+	return sent
 }
 
 func (h *commandLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -195,4 +191,17 @@ func hammer(ctx context.Context, goroutines int, f func(g, n int) (stop bool)) (
 		})
 	}
 	return wg.Wait
+}
+
+// parseResult reads a decision's reply as a handle with default dflt does.
+func parseResult(reply any, dflt Config) (Result, error) {
+	var rates []wire.Rate
+	if dflt.Rate > 0 {
+		rates = dflt.rateList()
+	}
+	d, ok := wire.ParseDecision(reply, rates, false)
+	if !ok {
+		return Result{}, unexpected(reply)
+	}
+	return resultOf(d), nil
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // In-flight limits: at most Limit holders at once, across every instance,
@@ -64,51 +66,39 @@ const (
 	// maxInFlightLimit bounds Limit: an acquire removes every hold that has
 	// expired in one call, and a crash of every holder leaves Limit of them.
 	// Removing 100,000 takes Redis some tens of milliseconds.
-	maxInFlightLimit = 100_000
+	maxInFlightLimit = wire.MaxInFlightLimit
 	// inFlightPoll is the longest a waiting Acquire sleeps between attempts:
 	// a holder that releases early tells no one, so waiters look again.
 	inFlightPoll = 20 * time.Millisecond
 )
 
-// The in-flight script's arguments, by position (ARGV[i]): declared here
-// once, and named so in scripts/inflight.lua by inflightHeader.
+// The in-flight script's arguments are wire.InFlightOp …: see internal/wire.
 const (
-	inflightArgOp     = 1 + iota // acquire | refresh | release | holders | get | set | tryset | delete
-	inflightArgNow               // µs, or '' for Redis TIME
-	inflightArgHold              // the hold's id
-	inflightArgConfig            // '' or "source limit ttl-ms"
+	inflightArgOp, inflightArgNow, inflightArgHold, inflightArgConfig = wire.InFlightOp, wire.InFlightNow, wire.InFlightHold, wire.InFlightConfig
+
+	// inflightAlgorithm is the name the config hash stores (its algorithm
+	// field) and observers see.
+	inflightAlgorithm = wire.InFlightAlgorithm
 )
 
-// inflightAlgorithm is the name the config hash stores (its algorithm
-// field) and observers see.
-const inflightAlgorithm = "inflight"
-
+// The in-flight script's ops, boxed once.
 var (
-	opAcquire, opRefresh, opHolders any = "acquire", "refresh", "holders"
-
-	inflightScript = scriptOf(inflightAlgorithm, inflightHeader()+readScript("tools.lua")+readScript("inflight.lua"))
+	opAcquire, opRefresh, opHolders, opHoldRelease any = "acquire", "refresh", "holders", "release"
+	opGet, opSet, opTrySet, opDelete, opReset          = any(string(wire.OpGet)), any(string(wire.OpSet)), any(string(wire.OpTrySet)), any(string(wire.OpDelete)), any(string(wire.OpReset))
+	sourceDefault, sourceNew                           = string(wire.SourceDefault), string(wire.SourceNew)
+	inflightScript                                     = scripts.InFlight
 )
-
-// inflightHeader declares what scripts/inflight.lua knows of Go: its
-// arguments' positions and the config's bounds.
-func inflightHeader() string {
-	return fmt.Sprintf("-- Declared by inflight.go's header, from Go.\n"+
-		"local OP, NOW, HOLD, CONFIG = %d, %d, %d, %d -- ARGV's\n"+
-		"local ALGORITHM, MAX_LIMIT, MAX_TTL = '%s', %d, %d\n",
-		inflightArgOp, inflightArgNow, inflightArgHold, inflightArgConfig,
-		inflightAlgorithm, maxInFlightLimit, maxInterval.Milliseconds())
-}
 
 // InFlight returns a handle on the in-flight limit called name (with the
 // Client's prefix). Its keys are built here, once.
 func (c *Client) InFlight(name string) *InFlight {
-	full := fullName(c.prefix, name)
+	full := wire.FullName(c.prefix, name)
 	l := &InFlight{client: c, name: full, config: noArg}
 	if err := validName(c.prefix, name, full); err != nil {
 		l.err = err
 		return l
 	}
-	l.keys = []any{full, keyOf(full, "holders")}
+	l.keys = []any{full, wire.KeyOf(full, wire.SuffixHolders)}
 	return l
 }
 
@@ -492,7 +482,7 @@ func (l *InFlight) abandon(id string, err error) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		_, _ = l.eval(ctx, opRelease, id, noArg)
+		_, _ = l.eval(ctx, opHoldRelease, id, noArg)
 	}()
 }
 
@@ -642,7 +632,7 @@ func (h *Hold) Release(ctx context.Context) error {
 	if h.phantom {
 		return nil
 	}
-	reply, err := h.l.eval(ctx, opRelease, h.id, noArg)
+	reply, err := h.l.eval(ctx, opHoldRelease, h.id, noArg)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // The in-flight limit on a controlled clock: exact holds, waits and
@@ -494,7 +495,7 @@ func TestInFlightKeys(t *testing.T) {
 		require.NoError(t, l.SetLimit(ctx, InFlightConfig{Limit: 3, TTL: 5 * time.Second}))
 		tryHold(t, l) // a shorter TTL does not shorten the key's life
 
-		conf, holds := fullName(c.prefix, name), keyOf(fullName(c.prefix, name), "holders")
+		conf, holds := wire.FullName(c.prefix, name), wire.KeyOf(wire.FullName(c.prefix, name), "holders")
 		assert.ElementsMatch(t, []string{conf, holds}, limiterKeys(t, rdb, name))
 		for _, k := range []string{conf, holds} {
 			assert.True(t, strings.HasPrefix(k, c.prefix), "%q under the prefix", k)

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,7 +223,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 				return Result{}, fmt.Errorf("redlimit: %w", ctx.Err()), true
 			}
 		}
-		want := s.want(now, permits, l.alg.records)
+		want := s.want(now, permits, l.alg.Records)
 		old := s.drop()
 		t := &taking{done: make(chan struct{})}
 		s.taking = t
@@ -333,29 +331,21 @@ func (s *lease) want(now time.Time, permits int64, unrefunded bool) int64 {
 }
 
 // take asks Redis for want permits, or as few as permits, and grants the
-// caller's permits from them, unless the caller left: t's answer.
+// caller's permits from them, unless the caller left: t's answer. A take is
+// a reservation (Limiter.Reserve) of want, or as few as fit if permits or
+// more: its id stays in the request log for as long as a refund may come
+// (its Time, and a minute for go-redis's re-sending), and the refund names
+// it.
 func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want int64) {
 	c := l.client
 	from := c.clock()
-	// The take's id stays in the request log for as long as a refund may
-	// come (its Time, and a minute for go-redis's re-sending), and the
-	// refund names it: see refund. A token bucket's take needs none.
-	req := request{op: opLease, permits: permits, arg: strconv.FormatInt(want, 10) + " " + strconv.FormatInt(permits, 10)}
-	if !l.alg.records {
-		req.id, req.logWindow = newRequestID(), max(c.retryWindow, s.cfg.Time+time.Minute).Milliseconds()
-	}
-	reply, err := l.eval(ctx, req)
+	id := newRequestID()
+	r, d, err := l.ask(ctx, request{op: opReserve, permits: want, least: permits, id: id,
+		logWindow: max(c.retryWindow, s.cfg.Time+time.Minute).Milliseconds()})
 	s.calls.Add(1)
-	var r Result
-	var at, taken, soonest int64
-	if err == nil {
-		var head string
-		var ok bool
-		if head, at, taken, soonest, ok = leaseReply(reply); !ok || taken != 0 && taken < permits || taken > want {
-			err = unexpected(reply)
-		} else {
-			r, err = parseResult(head, l.dflt)
-		}
+	at, taken, ends := d.GrantAt, d.Taken, d.EndsUS
+	if err == nil && (taken != 0 && taken < permits || taken > want) {
+		err = unexpected(d)
 	}
 	// over: a block above the cap of the limits it was taken under (a rate
 	// lowered since the last take, which sized it), given back at once.
@@ -394,16 +384,13 @@ func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want i
 	}
 	s.taken.Add(taken)
 	s.used.Add(used)
+	// A block is never used past the first of the windows its permits
+	// count in to end (a fixed window's: its permits are its window's).
 	until := from.Add(s.cfg.Time)
-	if l.alg.name == fixedWindow.name {
-		// A fixed window's permits are its window's: never used past its
-		// end, nor, with several rates, past the first of their windows to
-		// end (ResetAfter is the last).
-		if end := from.Add(micros(soonest)); end.Before(until) {
-			until = end
-		}
+	if end := from.Add(micros(ends)); ends > 0 && end.Before(until) {
+		until = end
 	}
-	s.block = block{held: taken - used, size: taken, used: used, at: at, id: req.id, from: from, until: until}
+	s.block = block{held: taken - used, size: taken, used: used, at: at, id: id, from: from, until: until}
 	if taken > max(permits, s.mostOf(r, permits)) {
 		over = s.drop()
 	} else if s.closed {
@@ -415,7 +402,7 @@ func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want i
 	} else if s.block.held > 0 && l.client.now == nil {
 		// Given back when its time is up, if no request does it sooner (on
 		// WithClock's clock, a request or Close does).
-		s.block.timer = time.AfterFunc(until.Sub(from), func() { s.expire(l, at, req.id) })
+		s.block.timer = time.AfterFunc(until.Sub(from), func() { s.expire(l, at, id) })
 	}
 	r.Remaining += s.block.held
 	t.r = r
@@ -433,43 +420,27 @@ func (s *lease) expire(l *Limiter, at int64, id *requestID) {
 	l.refund(context.Background(), b)
 }
 
-// refund gives back what b holds unused. Redis takes back only what is
-// still counted of b's grant (scripts/common.lua's grant_at), so a refund
-// however late never frees more than b's own permits would have: the
-// token bucket's takes back nothing. It does so once, while its take's id
-// is in the request log: not after a Reset, a Delete or new rates, when
-// the state the grant was counted in is gone or counts otherwise.
+// refund gives back what b holds unused: the release of its take's
+// reservation. Redis takes back only what is still counted of b's grant, so
+// a refund however late never frees more than b's own permits would have.
+// It does so once, while its take's id is in the request log: not after a
+// Reset, a Delete or new rates, when the state the grant was counted in is
+// gone or counts otherwise.
 func (l *Limiter) refund(ctx context.Context, b block) error {
-	if b.held <= 0 || l.alg.records {
-		return nil // nothing held, or a token bucket's: it would take nothing back
+	if b.held <= 0 {
+		return nil
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, leaseCallTimeout)
 		defer cancel()
 	}
-	reply, err := l.eval(ctx, request{op: opRefund, id: b.id, arg: strconv.FormatInt(b.held, 10) + " " + strconv.FormatInt(b.at, 10) + " " + strconv.FormatInt(b.size, 10)})
+	r, _, err := l.ask(ctx, request{op: opRelease, permits: b.held, id: b.id, grantAt: b.at, grantSize: b.size})
 	l.lease.calls.Add(1)
 	if err != nil {
 		return err
 	}
-	back, ok := reply.(int64)
-	if !ok || back < 0 || back > b.held {
-		return unexpected(reply)
-	}
-	l.lease.returned.Add(back)
-	l.forgetDenial()
+	l.lease.returned.Add(r.Remaining)
+	l.forget()
 	return nil
-}
-
-// leaseReply splits a lease's reply: the decision's, then ' @now taken
-// soonest'.
-func leaseReply(reply any) (head string, at, taken, soonest int64, ok bool) {
-	s, _ := reply.(string)
-	head, tail, found := strings.Cut(s, " @")
-	var n [3]int64
-	if !found || !spaced(tail, n[:]) || n[0] < 0 || n[1] < 0 || n[2] < 0 {
-		return "", 0, 0, 0, false
-	}
-	return head, n[0], n[1], n[2], true
 }

@@ -1,7 +1,7 @@
 // Package redlimit shares rate limits between the instances of a service
 // through Redis. Every decision is made by a Lua script run with EVALSHA, so
 // each takes one round trip and is atomic on the server; the decisions that
-// arrive while a call is in flight go out together, in one (batch.go).
+// arrive while a call is in flight go out together, in one.
 //
 // A Client wraps a go-redis client (any redis.Scripter: Client, ClusterClient,
 // Ring, FailoverClient, AutoPipeliner). Its TokenBucket, Funnel, FixedWindow
@@ -11,6 +11,12 @@
 //
 // Being denied is not an error: Allow reports it in its Result and TryAcquire
 // returns false. Errors are sentinels, to be tested with errors.Is.
+//
+// The code reads in one direction: a Limiter's method (this file) runs its
+// decision through the layers of pipeline.go (the handle's lease, the
+// Client's cache of denials, Redis; then shadow mode, fail-open and the
+// observer), which asks internal/evalsha to run the script with the
+// arguments and reply internal/wire declares.
 package redlimit
 
 import (
@@ -19,47 +25,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
-
-// algorithm is what a Limiter needs to know of one.
-type algorithm struct {
-	name   string   // as the config hash stores it, and observers see it
-	script *script  // scripts/common.lua + its file + scripts/admin.lua
-	state  []string // suffixes of the keys holding one client's state
-	// inConfig: the Overall state is fields of the config hash, so a
-	// decision reads config and state at once; only PerClient state has
-	// keys of its own.
-	inConfig bool
-	records  bool // its grants carry the request ID (the token bucket's log)
-	// charges: a grant past the limit (Charge) is a debt its state holds
-	// exactly, until it has drained as any grant does.
-	charges bool
-	// The Config fields beyond the common ones that it uses.
-	burst, buckets, calendar bool
-}
-
-// registry is the position of the client registry in a limiter's keys
-// (KEYS[REGISTRY], 1-based): after the config hash and, unless the Overall
-// state is the hash's fields, the Overall state's keys. The request log
-// follows it, then this client's state keys (see scripts/common.lua).
-func (a algorithm) registry() int {
-	if a.inConfig {
-		return 2
-	}
-	return 2 + len(a.state)
-}
-
-// newAlgorithm gives a its script: scripts/common.lua, file and
-// scripts/admin.lua, for the algorithm stored as a.name.
-func newAlgorithm(a algorithm, file string) algorithm {
-	a.script = newScript(a, file)
-	return a
-}
 
 // Validate reports why cfg cannot be this limiter's config, wrapping
 // ErrInvalidConfig: out of range, or a field its algorithm does not use
@@ -70,19 +42,19 @@ func (l *Limiter) Validate(cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	if l.alg.records {
+	if l.alg.Records {
 		if err := cfg.validateLog(); err != nil {
 			return err
 		}
 	}
 	for _, r := range cfg.rates() {
-		if r.Burst != 0 && !l.alg.burst {
+		if r.Burst != 0 && l.alg.Own != wire.FieldBurst {
 			return fmt.Errorf("%w: burst %d: only a funnel has a burst", ErrInvalidConfig, r.Burst)
 		}
-		if r.Buckets != 0 && !l.alg.buckets {
+		if r.Buckets != 0 && l.alg.Own != wire.FieldBuckets {
 			return fmt.Errorf("%w: buckets %d: only a sliding window has buckets", ErrInvalidConfig, r.Buckets)
 		}
-		if r.Calendar.Period != 0 && !l.alg.calendar {
+		if r.Calendar.Period != 0 && !l.alg.Calendar {
 			return fmt.Errorf("%w: per %v: only a fixed window follows the calendar", ErrInvalidConfig, r.Calendar)
 		}
 	}
@@ -96,36 +68,26 @@ func (l *Limiter) Validate(cfg Config) error {
 // what one kept does.
 type Limiter struct {
 	client   *Client
-	alg      algorithm
+	alg      *wire.Algorithm
+	algArg   any // alg.Name, boxed once: a request's argument
 	name     string
-	keys     []string // see scripts/common.lua: config, Overall state, client registry, request log, this client's state
+	keys     []string // wire.Algorithm.Keys: the whole list, this client's state last
 	keyArgs  []any    // keys, boxed once: script arguments
 	clientID any      // whose PerClient state keys[…] name, as a script argument
-	// perClient: the limiter is known to be PerClient (or to have been), so
-	// decisions send every key; until then they send the few an Overall
-	// limiter uses. It is its family's: every handle on the limiter shares it.
-	perClient *atomic.Bool
-	denialKey string // in the local cache of denials
-	// The config the scripts are given: sourceNone (the stored one only),
-	// sourceDefault (WithDefault: dflt while none is stored), sourceFixed
-	// (Throttle's, whatever is stored) or sourceNew (SetRate's); config is
-	// ARGV[argConfig], source and config in one string (Config.arg).
-	source string
-	config any
-	dflt   Config
-	// stored: with a default, whether the last decision found the limiter's
-	// hash (a stored config, or state kept as its fields) rather than a flat
-	// state or nothing (scripts/common.lua); the next one then sends
-	// deferConfig, its default as sourceDefer, and the script reads the hash
-	// first. It is its family's, as perClient is; nil without a default.
-	stored      *atomic.Bool
-	deferConfig any
-	err         error
-	family      *family
-	shadow      bool // WithShadow: every decision in shadow mode
-	// calendars: the handle's config's calendar rates, or nil.
-	calendars *calendarSet
-	lease     *lease // WithLease's block, or nil
+	family   *family
+	// The config the scripts are given: none (source ""), the handle's
+	// default (WithDefault: while none is stored), Throttle's (fixed,
+	// whatever is stored) or SetRate's (new): config is its wire.ConfigArg,
+	// and stored the same with wire.SourceStored (see family.hashed).
+	source         wire.Source
+	config, stored any
+	dflt           Config
+	dfltRates      []wire.Rate // dflt's, as replies give them
+	err            error
+	denial         string       // its requests' key in the Client's cache of denials (setDenial)
+	shadow         bool         // WithShadow: every decision in shadow mode
+	calendars      *calendarSet // the handle's config's calendar rates, or nil
+	lease          *lease       // WithLease's block, or nil
 }
 
 // family is what a Client keeps of one limiter, an algorithm under a name:
@@ -133,14 +95,19 @@ type Limiter struct {
 // once, and what decisions learn of the limiter in Redis, shared by every
 // handle on it however it was made. A service that makes a handle per
 // request (c.Funnel(key).WithDefault(cfg)) so builds no keys and formats no
-// config on the way, and its handles do not relearn what the last one knew:
-// a PerClient limiter's fresh handle would otherwise spend an EVALSHA on
-// being told so.
+// config on the way, and its handles do not relearn what the last one knew.
 type family struct {
-	base              Limiter
-	perClient, stored atomic.Bool // see Limiter's fields
+	base Limiter
+	// perClient: the limiter is known to be PerClient (or to have been), so
+	// decisions send every key; until then they send the few an Overall
+	// limiter uses.
+	perClient atomic.Bool
+	// hashed: the last decision met a hash at the limiter's key (a stored
+	// config, or state kept as its fields), so the next one reads it as a
+	// hash first (wire.SourceStored).
+	hashed atomic.Bool
 	// calendars: the calendar rates a script last named for the limiter
-	// (calendarReply), or nil.
+	// (wire.ReplyCalendar), or nil.
 	calendars atomic.Pointer[calendarSet]
 	// withDefault is the latest handle base.WithDefault made, given again
 	// for an equal config: one per family keeps them bounded, and a service
@@ -179,8 +146,8 @@ type families struct {
 
 // limiter returns the handle on the limiter alg keeps under name: its
 // family's, made the first time.
-func (c *Client) limiter(name string, alg algorithm) *Limiter {
-	key := familyKey{alg.name, name}
+func (c *Client) limiter(name string, alg *wire.Algorithm) *Limiter {
+	key := familyKey{alg.Name, name}
 	fs := &c.families
 	fs.mu.RLock()
 	f, current := fs.current[key]
@@ -211,56 +178,18 @@ func (c *Client) limiter(name string, alg algorithm) *Limiter {
 
 // newFamily makes the family of the limiter alg keeps under name, with its
 // keys.
-func (c *Client) newFamily(name string, alg algorithm) *family {
-	full := fullName(c.prefix, name)
+func (c *Client) newFamily(name string, alg *wire.Algorithm) *family {
+	full := wire.FullName(c.prefix, name)
 	f := &family{}
-	l := &f.base
-	*l = Limiter{client: c, alg: alg, name: full, clientID: c.clientIDArg, source: sourceNone, config: noArg,
-		denialKey: denialKey(alg.name+":"+full, ""), perClient: &f.perClient, family: f}
+	f.base = Limiter{client: c, alg: alg, algArg: alg.Name, name: full, clientID: c.clientIDArg, config: "", family: f}
 	if err := validName(c.prefix, name, full); err != nil {
-		l.err = err
+		f.base.err = err
 		return f
 	}
-	l.keys = append(l.keys, full)
-	if !alg.inConfig {
-		l.keys = append(l.keys, l.stateKeys("")...)
-	}
-	l.keys = append(l.keys, keyOf(full, "clients"), keyOf(full, "requests"))
-	l.keys = append(l.keys, l.stateKeys(c.clientID)...)
-	l.keyArgs = boxed(l.keys)
+	f.base.keys = alg.Keys(full, c.clientID)
+	f.base.keyArgs = boxed(f.base.keys)
+	f.base.setDenial()
 	return f
-}
-
-// fullName puts the hash tag inside the prefix, so that every key of a
-// limiter starts with the prefix (for ACL key patterns and SCAN MATCH) and
-// all share one Cluster slot: prefix{name}, then prefix{name}:suffix. A name
-// that holds a tag already keeps it, and without a prefix the name stays as
-// it is, as Redisson names it.
-func fullName(prefix, name string) string {
-	if prefix == "" || strings.Contains(prefix+name, "{") {
-		return prefix + name
-	}
-	return prefix + "{" + name + "}"
-}
-
-// keyOf follows Redisson: {name}:suffix, or name:suffix when name already has
-// a hash tag, so that all of a limiter's keys share one Cluster slot.
-func keyOf(name, suffix string) string {
-	if strings.Contains(name, "{") {
-		return name + ":" + suffix
-	}
-	return "{" + name + "}:" + suffix
-}
-
-func (l *Limiter) stateKeys(clientID string) []string {
-	keys := make([]string, len(l.alg.state))
-	for i, s := range l.alg.state {
-		if clientID != "" {
-			s += ":" + clientID
-		}
-		keys[i] = keyOf(l.name, s)
-	}
-	return keys
 }
 
 func boxed(keys []string) []any {
@@ -271,10 +200,10 @@ func boxed(keys []string) []any {
 	return b
 }
 
-// validName checks that the full name (fullName of prefix and name) gives
-// keys that share one Cluster slot: its first '{', if any, opens a non-empty
-// hash tag. The error speaks of the braces the caller wrote, not of those
-// fullName added.
+// validName checks that the full name (wire.FullName of prefix and name)
+// gives keys that share one Cluster slot: its first '{', if any, opens a
+// non-empty hash tag. The error speaks of the braces the caller wrote, not
+// of those FullName added.
 func validName(prefix, name, full string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty", ErrInvalidName)
@@ -284,33 +213,19 @@ func validName(prefix, name, full string) error {
 		return nil
 	}
 	if !strings.Contains(prefix+name, "{") {
-		// fullName made the tag, prefix{name}, and name closed it at once.
+		// FullName made the tag, prefix{name}, and name closed it at once.
 		return fmt.Errorf("%w: %q: under a prefix a name cannot start with '}': its keys are named %q…, whose \"{}\" is no hash tag",
 			ErrInvalidName, name, full)
 	}
 	return fmt.Errorf("%w: %q: a '{' must open a non-empty hash tag", ErrInvalidName, full)
 }
 
-// Clients lists the clients that have PerClient state in the limiter (those
-// that were granted permits within the last interval or so), for
-// inspection with AsClient. It writes nothing.
-func (l *Limiter) Clients(ctx context.Context) ([]string, error) {
-	reply, err := l.eval(ctx, request{op: opClients})
-	if err != nil {
-		return nil, err
-	}
-	v, ok := reply.([]any)
-	if !ok {
-		return nil, unexpected(reply)
-	}
-	ids := make([]string, len(v))
-	for i, id := range v {
-		if ids[i], ok = id.(string); !ok {
-			return nil, unexpected(reply)
-		}
-	}
-	return ids, nil
-}
+// Name returns the limiter's full name (with the Client's prefix): the key of its config hash.
+func (l *Limiter) Name() string { return l.name }
+
+// Algorithm returns the name its config hash stores for its algorithm, as
+// observers see it: tokenbucket, funnel, fixed_window or sliding_window.
+func (l *Limiter) Algorithm() string { return l.alg.Name }
 
 // AsClient returns a handle on the same limiter as the client id sees it:
 // with a PerClient config, its AvailablePermits (or Allow(ctx, 0)) reports
@@ -322,19 +237,11 @@ func (l *Limiter) AsClient(id string) *Limiter {
 		return &d
 	}
 	d.clientID, d.lease = id, nil // a lease's block is its own client's
-	d.keys = append(slices.Clone(l.keys[:len(l.keys)-len(l.alg.state)]), l.stateKeys(id)...)
+	d.keys = l.alg.Keys(l.name, id)
 	d.keyArgs = boxed(d.keys)
-	limiter, decision := splitDenialKey(l.denialKey)
-	d.denialKey = limiter + " as " + id + "\x00" + decision
+	d.setDenial()
 	return &d
 }
-
-// Name returns the limiter's full name (with the Client's prefix): the key of its config hash.
-func (l *Limiter) Name() string { return l.name }
-
-// Algorithm returns the name its config hash stores for its algorithm, as
-// observers see it: tokenbucket, funnel, fixed_window or sliding_window.
-func (l *Limiter) Algorithm() string { return l.alg.name }
 
 // WithDefault returns a handle that uses cfg while no config is stored in
 // Redis. It makes no extra round trip and stores nothing; SetRate does.
@@ -351,11 +258,12 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 		d.err = errors.Join(d.err, err)
 		return &d
 	}
-	d := l.withConfig(sourceDefault, cfg)
+	d := l.withConfig(wire.SourceDefault, cfg)
 	// A copy of More: the caller's may change after, and the handle is kept.
 	d.dflt = cfg
 	d.dflt.More = slices.Clone(cfg.More)
-	d.stored, d.deferConfig = &f.stored, sourceDefer+d.config.(string)[len(sourceDefault):]
+	d.dfltRates = cfg.rateList()
+	d.stored = wire.WithSource(d.config.(string), wire.SourceStored)
 	if own {
 		f.withDefault.Store(d)
 	}
@@ -363,99 +271,28 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 }
 
 // withConfig returns a handle whose calls give the scripts cfg, as source says.
-func (l *Limiter) withConfig(source string, cfg Config) *Limiter {
+func (l *Limiter) withConfig(source wire.Source, cfg Config) *Limiter {
 	d := *l
 	if cfg.Type == PerClient {
-		d.perClient.Store(true)
+		d.family.perClient.Store(true)
 	}
-	arg := cfg.arg(source)
-	d.source, d.config = source, arg
+	d.source, d.config, d.stored = source, cfg.arg(source), nil
 	d.lease = nil // a block was taken under the handle's config: lease again after WithDefault
 	d.calendars = nil
 	if spec := cfg.calendars(); spec != "" {
 		d.calendars, _ = newCalendarSet(spec)
 	}
-	limiter, _ := splitDenialKey(l.denialKey)
-	d.denialKey = denialKey(limiter, arg)
+	d.setDenial()
 	return &d
 }
 
-// Never is the RetryAfter of a request no wait can satisfy: more permits
-// than Limit.
-const Never time.Duration = -1
-
-// What RemainTimeToLive returns, as go-redis's TTL does, for a limiter whose
-// config never expires (NoExpiry) and for one with no key at all (NoKey).
-const (
-	NoExpiry time.Duration = -1
-	NoKey    time.Duration = -2
-)
-
-// Result is the outcome of one Allow. With WithFailOpen, a request Redis
-// could not decide gets Result{Allowed: true} and nothing else: Limit 0 tells
-// it apart.
-type Result struct {
-	Allowed    bool
-	Limit      int64         // the most permits one request can ever get (Rate; a funnel's Burst)
-	Remaining  int64         // permits that could be granted right now
-	RetryAfter time.Duration // denied: exact wait before this request can succeed; Never if it never can; 0 if allowed
-	ResetAfter time.Duration // until the limiter is back to full
-	// Window is the span Limit applies to: the config's Interval, or for a
-	// funnel the time its Burst takes to drain (Burst × Interval / Rate).
-	// With SetRate it follows the config in force.
-	Window time.Duration
-	// With several rates (Config.And), Bound is the one that bound the
-	// answer, whose Limit and Window these are: 0 for the config's own, i for
-	// More[i-1]. Denied, it is the rate with the longest wait (or one that can
-	// never grant that many); allowed, the one with the fewest permits left.
-	// Quotas lists every rate's Limit and Window, in config order; with one
-	// rate it is nil.
-	Bound  int
-	Quotas []Quota
-	// Reason says what decided: the limit (ReasonLimit, the zero value),
-	// a denial cached by WithLocalCache, WithFailOpen granting what Redis
-	// could not decide (the observer's Decision.Err says why), shadow
-	// mode granting what the limit denied, or the handle's lease.
-	Reason Reason
-	// Shadow: the decision was made in shadow mode (WithShadow,
-	// Limiter.WithShadow, or the stored config's, Limiter.SetShadow). It
-	// was made and counted as ever, and Allowed is true whatever the limit
-	// said: Reason is ReasonShadow when the limit denied, and RetryAfter
-	// and Remaining are what enforcing would have answered.
-	Shadow bool
-}
-
-// Reason is what decided a Result.
-type Reason uint8
-
-const (
-	ReasonLimit    Reason = iota // the limit, in Redis: Bound says which rate
-	ReasonCache                  // a denial cached by WithLocalCache, without a round trip
-	ReasonFailOpen               // granted by WithFailOpen, or in shadow mode, while Redis could not decide
-	ReasonShadow                 // granted in shadow mode; the limit denied it
-	ReasonLease                  // decided from this handle's lease (WithLease), without a round trip
-)
-
-func (r Reason) String() string {
-	switch r {
-	case ReasonLimit:
-		return "limit"
-	case ReasonCache:
-		return "cache"
-	case ReasonFailOpen:
-		return "fail-open"
-	case ReasonShadow:
-		return "shadow"
-	case ReasonLease:
-		return "lease"
+// configArg is the config a request sends: the handle's, with the source
+// its family's last decision points to.
+func (l *Limiter) configArg() any {
+	if l.stored != nil && l.family.hashed.Load() {
+		return l.stored
 	}
-	return "Reason(" + strconv.Itoa(int(r)) + ")"
-}
-
-// Quota is one rate's Limit and Window, as Result reports them.
-type Quota struct {
-	Limit  int64
-	Window time.Duration
+	return l.config
 }
 
 // TryAcquire makes one attempt to take permits, without waiting.
@@ -547,62 +384,47 @@ func (l *Limiter) AvailablePermits(ctx context.Context) (int64, error) {
 // cost is known only once it is done (an LLM call's tokens). It is counted
 // as a grant of permits is, and what it takes past the limit is a debt:
 // the limiter denies until that has drained, exactly as any grant's permits
-// drain, with RetryAfter saying when and Remaining 0 meanwhile. Release
-// gives back as after any grant. The funnel, the token bucket and the
-// sliding window offer it; a fixed window would forgive the debt at its
-// window's end, so there it is ErrUnsupported.
+// drain, with RetryAfter saying when and Remaining 0 meanwhile. The funnel,
+// the token bucket and the sliding window offer it; a fixed window would
+// forgive the debt at its window's end, so there it is ErrUnsupported. A
+// debt the limiter's state cannot hold exactly (a funnel's more than about
+// 142 years of draining) is ErrInvalidPermits, and nothing is written.
 func (l *Limiter) Charge(ctx context.Context, permits int64) (Result, error) {
 	switch {
 	case l.err != nil:
 		return Result{}, l.err
-	case !l.alg.charges:
-		return Result{}, fmt.Errorf("%w: Charge: a %s cannot hold a debt exactly", ErrUnsupported, l.alg.name)
-	case permits < 0:
+	case !l.alg.Charges:
+		return Result{}, fmt.Errorf("%w: Charge: a %s cannot hold a debt exactly", ErrUnsupported, l.alg.Name)
+	case permits < 0 || permits > maxPermits:
 		return Result{}, fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
-	case l.alg.records && permits > maxLogRate:
+	case l.alg.Records && permits > maxLogRate:
 		return Result{}, fmt.Errorf("%w: %d: a token bucket's record holds at most %d permits", ErrInvalidPermits, permits, int64(maxLogRate))
 	}
 	start := time.Now()
-	reply, err := l.eval(ctx, request{op: opCharge, permits: permits})
-	var r Result
-	if err == nil {
-		r, err = parseResult(reply, l.dflt)
-	}
-	if c := l.client; c.observe != nil {
-		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.name, Permits: permits, Result: r, Err: err, Latency: time.Since(start)})
-	}
+	r, _, err := l.ask(ctx, request{op: opCharge, permits: permits})
+	l.client.tell(l, permits, r, err, start, false)
 	return r, err
 }
 
-// Release gives back up to permits granted earlier and not used, never more
-// than are still counted in the current window.
-func (l *Limiter) Release(ctx context.Context, permits int64) error {
-	if permits < 0 {
-		return fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
-	}
-	if permits == 0 {
-		return nil
-	}
-	defer l.forgetDenial()
-	_, err := l.eval(ctx, request{op: opRelease, permits: permits})
-	return err
-}
+// maxPermits bounds the permits of a charge or a reservation: the scripts'
+// numbers are doubles, exact to 2^53.
+const maxPermits = 1 << 53
 
 // Config returns the stored config, or the handle's default when none is stored.
 func (l *Limiter) Config(ctx context.Context) (Config, error) {
-	reply, err := l.eval(ctx, request{op: opGet})
+	reply, err := l.admin(ctx, wire.OpGet, noArg, nil)
 	if err != nil {
 		return Config{}, err
 	}
 	f, ok := reply.([]any)
 	if ok && len(f) == 0 {
-		if l.source != sourceDefault {
+		if l.source != wire.SourceDefault {
 			return Config{}, fmt.Errorf("%w: %s", ErrNotInitialized, l.name)
 		}
 		return l.dflt, nil
 	}
 	var n [6]int64
-	if !ok || len(f) != len(n)+2 || !integers(f, n[:]) {
+	if !ok || len(f) != wire.GetReplyLen || !integers(f, n[:]) {
 		return Config{}, unexpected(reply)
 	}
 	s, _ := f[6].(string)
@@ -630,6 +452,18 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 	return cfg, nil
 }
 
+// integers copies v into n, reporting whether every element was an integer.
+func integers(v []any, n []int64) bool {
+	for i := range n {
+		x, ok := v[i].(int64)
+		if !ok {
+			return false
+		}
+		n[i] = x
+	}
+	return true
+}
+
 // WithShadow returns a handle whose decisions are made in shadow mode: each
 // is made and counted in Redis exactly as when enforcing, with the same
 // round trips, and its caller is always granted; Result says what
@@ -647,47 +481,47 @@ func (l *Limiter) WithShadow() *Limiter {
 // stored config, which must exist (ErrNotInitialized), and survives SetRate
 // and Reset; Delete, or the config's expiry, ends it.
 func (l *Limiter) SetShadow(ctx context.Context, on bool) error {
-	defer l.forgetDenial()
+	defer l.forget()
 	flag := int64(0)
 	if on {
 		flag = 1
 	}
-	_, err := l.eval(ctx, request{op: opShadow, permits: flag})
+	_, err := l.admin(ctx, wire.OpShadow, flag, nil)
 	return err
 }
 
 // TrySetRate stores cfg unless a config is stored already, and reports whether it did.
 func (l *Limiter) TrySetRate(ctx context.Context, cfg Config) (bool, error) {
-	return l.setRate(ctx, opTrySet, cfg)
+	return l.setRate(ctx, wire.OpTrySet, cfg)
 }
 
 // SetRate stores cfg, replacing any stored config. Usage so far is kept, and
 // counts against the new rate; changing Type clears it.
 func (l *Limiter) SetRate(ctx context.Context, cfg Config) error {
-	_, err := l.setRate(ctx, opSet, cfg)
+	_, err := l.setRate(ctx, wire.OpSet, cfg)
 	return err
 }
 
-func (l *Limiter) setRate(ctx context.Context, op any, cfg Config) (bool, error) {
+func (l *Limiter) setRate(ctx context.Context, op wire.Op, cfg Config) (bool, error) {
 	if err := l.Validate(cfg); err != nil {
 		return false, err
 	}
-	defer l.forgetDenial()
-	return l.withConfig(sourceNew, cfg).everyClient(ctx, request{op: op})
+	defer l.forget()
+	return l.withConfig(wire.SourceNew, cfg).everyClient(ctx, op, noArg)
 }
 
 // Reset forgets every client's usage and keeps the config.
 func (l *Limiter) Reset(ctx context.Context) error {
-	defer l.forgetDenial()
-	_, err := l.everyClient(ctx, request{op: opReset})
+	defer l.forget()
+	_, err := l.everyClient(ctx, wire.OpReset, noArg)
 	return err
 }
 
 // Delete removes every key of the limiter, every client's and the request
-// log (WithRetryWindow), and reports whether there were any.
+// log, and reports whether there were any.
 func (l *Limiter) Delete(ctx context.Context) (bool, error) {
-	defer l.forgetDenial()
-	return l.everyClient(ctx, request{op: opDelete})
+	defer l.forget()
+	return l.everyClient(ctx, wire.OpDelete, noArg)
 }
 
 // Expire makes every key of the limiter expire within ttl (keys due to expire
@@ -695,8 +529,8 @@ func (l *Limiter) Delete(ctx context.Context) (bool, error) {
 // whether the limiter had any key. A ttl of zero or less deletes the limiter.
 func (l *Limiter) Expire(ctx context.Context, ttl time.Duration) (bool, error) {
 	ms := max(0, (ttl+time.Millisecond-1)/time.Millisecond)
-	defer l.forgetDenial()
-	return l.everyClient(ctx, request{op: opExpire, ms: int64(ms)})
+	defer l.forget()
+	return l.everyClient(ctx, wire.OpExpire, int64(ms))
 }
 
 // ExpireAt is Expire until at, measured on the Client's clock.
@@ -707,7 +541,7 @@ func (l *Limiter) ExpireAt(ctx context.Context, at time.Time) (bool, error) {
 // ClearExpire removes the config's expiry (state keys keep theirs: they expire
 // once the limiter is full again) and reports whether it had one.
 func (l *Limiter) ClearExpire(ctx context.Context) (bool, error) {
-	reply, err := l.eval(ctx, request{op: opPersist})
+	reply, err := l.admin(ctx, wire.OpPersist, noArg, nil)
 	return reply == int64(1), err
 }
 
@@ -715,7 +549,7 @@ func (l *Limiter) ClearExpire(ctx context.Context) (bool, error) {
 // NoExpiry when it does not expire, NoKey when the limiter has no key.
 // Without a stored config it is the longest-lived state key's.
 func (l *Limiter) RemainTimeToLive(ctx context.Context) (time.Duration, error) {
-	reply, err := l.eval(ctx, request{op: opTTL})
+	reply, err := l.admin(ctx, wire.OpTTL, noArg, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -727,6 +561,27 @@ func (l *Limiter) RemainTimeToLive(ctx context.Context) (time.Duration, error) {
 		return time.Duration(ms), nil
 	}
 	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// Clients lists the clients that have PerClient state in the limiter (those
+// that were granted permits within the last interval or so), for
+// inspection with AsClient. It writes nothing.
+func (l *Limiter) Clients(ctx context.Context) ([]string, error) {
+	reply, err := l.admin(ctx, wire.OpClients, noArg, nil)
+	if err != nil {
+		return nil, err
+	}
+	v, ok := reply.([]any)
+	if !ok {
+		return nil, unexpected(reply)
+	}
+	ids := make([]string, len(v))
+	for i, id := range v {
+		if ids[i], ok = id.(string); !ok {
+			return nil, unexpected(reply)
+		}
+	}
+	return ids, nil
 }
 
 // jitter spreads the retries of callers denied together over a tenth of

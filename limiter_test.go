@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -385,7 +386,10 @@ func TestBadInputLeavesStateUntouched(t *testing.T) {
 		_, err = l.TryAcquire(ctx, -5)
 		assert.ErrorIs(t, err, ErrInvalidPermits)
 		assert.ErrorIs(t, l.Acquire(ctx, -1), ErrInvalidPermits)
-		assert.ErrorIs(t, l.Release(ctx, -1), ErrInvalidPermits)
+		_, err = l.Reserve(ctx, -1)
+		assert.ErrorIs(t, err, ErrInvalidPermits)
+		_, err = Reservation{limiter: l, Taken: 1}.Release(ctx, -1)
+		assert.ErrorIs(t, err, ErrInvalidPermits)
 		for _, cfg := range []Config{
 			{Rate: 0, Interval: time.Second},
 			{Rate: -1, Interval: time.Second},
@@ -417,17 +421,34 @@ func TestBadInputLeavesStateUntouched(t *testing.T) {
 	})
 }
 
+// A reservation gives back what its grant still counts, once: a second
+// Release, or one of a copy, takes back nothing, and a release is capped at
+// the grant.
 func TestRelease(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
 		l := a.limiter(t, rdb).WithDefault(tenPer10s)
-		_, err := l.Allow(ctx, 10)
+		res, err := l.Reserve(ctx, 6)
 		require.NoError(t, err)
-		require.NoError(t, l.Release(ctx, 4))
-		assertAvailable(t, l, 4)
-		require.NoError(t, l.Release(ctx, 100))
-		assertAvailable(t, l, 10, "release is capped at the limit")
-		require.NoError(t, l.Release(ctx, 0))
+		require.True(t, res.Allowed)
+		require.Equal(t, int64(6), res.Taken)
+		back, err := res.Release(ctx, 4)
+		require.NoError(t, err)
+		assert.Equal(t, int64(4), back)
+		assertAvailable(t, l, 8)
+		back, err = res.Release(ctx, 2)
+		require.NoError(t, err)
+		assert.Zero(t, back, "a reservation gives back once")
+		assertAvailable(t, l, 8)
+		other, err := l.Reserve(ctx, 3)
+		require.NoError(t, err)
+		back, err = other.Release(ctx, 100)
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), back, "a release is capped at its grant")
+		assertAvailable(t, l, 8)
+		back, err = other.Release(ctx, 0)
+		require.NoError(t, err)
+		assert.Zero(t, back)
 	})
 }
 
@@ -545,18 +566,21 @@ func TestDecisionSendsClientKeysOnceNeeded(t *testing.T) {
 		x := a.new(newClient(recorded(t, rdb, log), clk, WithClientID("x")), name)
 		y := a.new(newClient(rdb, clk, WithClientID("y")), name)
 		short, all := 1, 4 // the config hash; then the registry, the request log, x's hash
-		if !x.alg.inConfig {
+		if !x.alg.InConfig {
 			short, all = 4, 9 // and the Overall state's 3 keys; x's are 3
 		}
 
 		require.NoError(t, y.SetRate(ctx, Config{Rate: 3, Interval: time.Minute}))
+		_, err := y.AvailablePermits(ctx) // loads the decision script: no NOSCRIPT below
+		require.NoError(t, err)
 		log.keysSent()
 		for i, want := range []bool{true, true} {
 			ok, err := x.TryAcquire(ctx, 1)
 			require.NoError(t, err)
 			assert.Equal(t, want, ok, "Overall attempt %d", i)
 		}
-		require.NoError(t, x.Release(ctx, 1))
+		_, err = x.AvailablePermits(ctx)
+		require.NoError(t, err)
 		assert.Equal(t, []any{short, short, short}, log.keysSent(), "Overall decisions send the short list")
 
 		require.NoError(t, y.SetRate(ctx, Config{Type: PerClient, Rate: 2, Interval: time.Minute}))
@@ -672,12 +696,15 @@ func TestEveryKeyExpires(t *testing.T) {
 		clk := newClock()
 		cfg := Config{Type: PerClient, Rate: 5, Interval: 10 * time.Second}
 		l := a.new(newClient(rdb, clk, WithClientID("c1")), name).WithDefault(cfg)
+		var last Reservation
 		for range 3 {
-			_, err := l.Allow(ctx, 2)
+			var err error
+			last, err = l.Reserve(ctx, 2)
 			require.NoError(t, err)
 			clk.Add(time.Second)
 		}
-		require.NoError(t, l.Release(ctx, 1))
+		_, err := last.Release(ctx, 1)
+		require.NoError(t, err)
 		for _, k := range limiterKeys(t, rdb, name) {
 			ttl := rdb.PTTL(ctx, k).Val()
 			assert.True(t, ttl > 0 && ttl <= 10*time.Second, "%s ttl %v", k, ttl)
@@ -705,7 +732,7 @@ func TestCorruptState(t *testing.T) {
 			{"missing interval", func(name string, _ *Limiter) { hset(name, "rate", "10") }, ErrCorruptState},
 			{"unknown type", func(name string, _ *Limiter) { hset(name, "rate", "10", "interval", "1000", "type", "3") }, ErrCorruptState},
 			{"state of the wrong type", func(_ string, l *Limiter) {
-				for _, k := range l.keys[len(l.keys)-len(l.alg.state):] { // this client's
+				for _, k := range l.keys[len(l.keys)-len(l.alg.State):] { // this client's
 					rdb.SAdd(ctx, k, "x")
 				}
 			}, ErrCorruptState},
@@ -762,20 +789,26 @@ func TestResentScriptCountsOnce(t *testing.T) {
 		dup, log := resending(t, rdb)
 		clk := newClock()
 		l := a.new(newClient(dup, clk, WithRetryWindow(15*time.Second)), name).WithDefault(tenPer10s)
-		for i := range 10 {
+		for i := range 7 {
 			ok, err := l.TryAcquire(ctx, 1)
 			require.NoError(t, err)
 			assert.True(t, ok, "grant %d", i)
 		}
+		res, err := l.Reserve(ctx, 3)
+		require.NoError(t, err)
+		require.True(t, res.Allowed)
+		require.Equal(t, int64(3), res.Taken, "a re-sent reservation takes once")
 		ok, err := l.TryAcquire(ctx, 1)
 		require.NoError(t, err)
 		assert.False(t, ok, "the 11th is denied: each grant was counted once")
 		assert.Positive(t, log.count("evalsha"))
 
-		require.NoError(t, l.Release(ctx, 3))
+		// The re-sent copy reports what it gave back itself: nothing.
+		_, err = res.Release(ctx, 3)
+		require.NoError(t, err)
 		assertAvailable(t, l, 3, "a re-sent release gives back once")
 
-		requests := keyOf(l.Name(), "requests")
+		requests := wire.KeyOf(l.Name(), "requests")
 		ids := rdb.ZRange(ctx, requests, 0, -1).Val()
 		assert.NotEmpty(t, ids)
 		for _, id := range ids {
@@ -898,7 +931,7 @@ func TestReplyShapes(t *testing.T) {
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%s: a bound the default has, and one with several rates", reply)
 	}
 	for _, reply := range []any{[]any{"missing"}, []any{"missing", "x"}, []any{"missing", []any{int64(1)}}} {
-		_, ok := missingClients(reply)
+		_, ok := wire.MissingClients(reply)
 		assert.False(t, ok, "%#v", reply)
 	}
 }

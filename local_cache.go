@@ -9,21 +9,29 @@ import (
 
 // WithLocalCache makes the Client remember denials in process memory. When
 // Redis answers "denied, retry after d", later requests for as many permits
-// or more on the same limiter are denied locally, without a round trip, until
-// d has passed: nothing but time frees permits sooner, so this never admits
-// more than Redis would.
+// or more on the same limiter are denied locally, without a round trip, for
+// d or CacheMaxAge, whichever is shorter: nothing but time frees permits
+// sooner, so this never admits more than Redis would.
 //
 // What it can do is deny too long: a denial stays cached even if another
-// instance raises the rate, resets, deletes or releases in the meantime. Such
-// a stale denial lasts at most the RetryAfter Redis gave, which is at most
-// Interval (a funnel's Burst × Interval / Rate). SetRate, TrySetRate, Reset,
-// Delete, Release and Expire on this Client drop its cached denials at once.
-// Requests for fewer permits, and peeks, always go to Redis. A denial answers
-// only requests decided the same way: the same algorithm, name and config
-// (the handle's default, or Throttle's arguments).
+// instance raises the rate, resets, deletes, releases or turns shadow mode on
+// in the meantime. Such a change reaches this instance within CacheMaxAge;
+// SetRate, TrySetRate, SetShadow, Reset, Delete, Expire and a reservation's
+// Release on this Client drop its cached denials at once. A decision made in
+// shadow mode (the stored config's, SetShadow) is never cached, so switching
+// shadow off reaches the next request. Requests for fewer permits, and peeks,
+// always go to Redis. A denial answers only requests decided the same way:
+// the same algorithm, name and config (the handle's default, or Throttle's
+// arguments).
 func WithLocalCache() Option {
 	return func(c *Client) { c.denials = &denials{} }
 }
+
+// CacheMaxAge bounds how long WithLocalCache answers from a denial without
+// asking Redis: the longest a change made by another instance (a higher
+// rate, a Reset, shadow mode) takes to reach this one. A denied hot limit
+// then costs each instance at most one round trip per CacheMaxAge.
+const CacheMaxAge = time.Second
 
 // denials holds the latest denial of each way a limiter is decided. Redis
 // decides by the algorithm, the name and the config the script is given: the
@@ -38,7 +46,8 @@ type denials struct {
 }
 
 type denial struct {
-	until   time.Time // on the Client's clock
+	until   time.Time // when it stops answering, on the Client's clock
+	retryAt time.Time // when the request may succeed, as Redis said
 	permits int64     // the smallest request denied
 	result  Result
 	at      time.Time
@@ -80,22 +89,27 @@ func (d *denials) lookup(key string, permits int64, now time.Time) (Result, bool
 		return Result{}, false
 	}
 	r := e.result
-	r.RetryAfter = e.until.Sub(now)
+	r.RetryAfter = e.retryAt.Sub(now)
 	r.ResetAfter = max(0, r.ResetAfter-now.Sub(e.at))
+	r.Reason = ReasonCache
 	return r, true
 }
 
 // store remembers r, a denial of permits under key decided at now.
 func (d *denials) store(key string, permits int64, r Result, now time.Time) {
-	if r.Allowed || r.RetryAfter <= 0 {
-		return // a grant, or a request that can never succeed (an error, not cached)
+	if r.Allowed || r.RetryAfter <= 0 || r.Shadow {
+		// A grant, a request that can never succeed (an error, not cached),
+		// or a decision in shadow mode, which its caller is granted: cached,
+		// it would outlive the stored config's switching shadow off.
+		return
 	}
 	limiter, decision := splitDenialKey(key)
 	ways, ok := d.m.Load(limiter)
 	if !ok {
 		ways, _ = d.m.LoadOrStore(limiter, &sync.Map{})
 	}
-	ways.(*sync.Map).Store(decision, &denial{until: now.Add(r.RetryAfter), permits: permits, result: r, at: now})
+	ways.(*sync.Map).Store(decision, &denial{until: now.Add(min(r.RetryAfter, CacheMaxAge)), retryAt: now.Add(r.RetryAfter),
+		permits: permits, result: r, at: now})
 	if d.stored.Add(1)%sweepEvery == 0 {
 		d.sweep(now)
 	}

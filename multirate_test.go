@@ -19,6 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // --- Each rate alone, as its algorithm decides it. ---
@@ -578,9 +580,9 @@ func stateLifetimes(a algo, l *Limiter, resets []int64) map[string]int64 {
 	if a.name != tokenBucketAlgo.name {
 		return map[string]int64{l.Name(): longest(resets)}
 	}
-	out := map[string]int64{keyOf(l.Name(), "value"): resets[0], keyOf(l.Name(), "permits"): resets[0]}
+	out := map[string]int64{wire.KeyOf(l.Name(), "value"): resets[0], wire.KeyOf(l.Name(), "permits"): resets[0]}
 	if len(resets) > 1 {
-		out[keyOf(l.Name(), "grants")] = longest(resets[1:])
+		out[wire.KeyOf(l.Name(), "grants")] = longest(resets[1:])
 	}
 	return out
 }
@@ -675,7 +677,7 @@ func TestMultiRateMatchesModel(t *testing.T) {
 				for _, f := range fields {
 					assert.NotRegexp(t, "^more$|[2-9]$", f, "a field of a further rate")
 				}
-				assert.Zero(t, rdb.Exists(ctx, keyOf(l.Name(), "grants")).Val(), "a grants log")
+				assert.Zero(t, rdb.Exists(ctx, wire.KeyOf(l.Name(), "grants")).Val(), "a grants log")
 			}
 		}
 	})
@@ -1005,7 +1007,7 @@ func TestMultiRateBoundTies(t *testing.T) {
 	}
 }
 
-// Release gives back in every rate: after 5 of 5 per 10s and 6 per hour,
+// A reservation's Release gives back in every rate: after 5 of 5 per 10s and 6 per hour,
 // 3 back leave 3 and 4, and once the 10s rate is full again the hour's 4
 // bind.
 func TestMultiRateRelease(t *testing.T) {
@@ -1013,9 +1015,11 @@ func TestMultiRateRelease(t *testing.T) {
 		ctx := context.Background()
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(Per(5, 10*time.Second).And(PerHour(6)))
-		_, err := l.Allow(ctx, 5)
+		res, err := l.Reserve(ctx, 5)
 		require.NoError(t, err)
-		require.NoError(t, l.Release(ctx, 3))
+		back, err := res.Release(ctx, 3)
+		require.NoError(t, err)
+		require.Equal(t, int64(3), back)
 		for _, c := range []struct {
 			at              time.Duration
 			remaining       int64
@@ -1227,7 +1231,7 @@ func TestMultiRateGrantsLogStaysBounded(t *testing.T) {
 		ctx := context.Background()
 		clk := newClock()
 		l := newClient(rdb, clk).TokenBucket(uniqueName(t)).WithDefault(PerSecond(5).And(PerMinute(100)))
-		grants := keyOf(l.Name(), "grants")
+		grants := wire.KeyOf(l.Name(), "grants")
 		most := int64(0)
 		for i := range 600 { // one grant every 700ms for 7 minutes
 			clk.Set(epoch.Add(time.Duration(i) * 700 * time.Millisecond))

@@ -1,18 +1,74 @@
--- Everything but a decision: the ops that read or change a limiter as a
--- whole, and the diagnosis of a config the decision refused. Nothing here is
--- created on a decision's path.
+-- The admin script: the ops that read or change a limiter as a whole, one
+-- per call, for every algorithm, and the diagnosis of a config a decision
+-- refused. Before this file the assembler puts the contract's header
+-- (internal/wire) and the algorithms' modules (MAKERS), as for
+-- decide.lua.
+-- KEYS   a decision's whole key list (the limiter's key, the Overall state
+--        keys unless the state is fields, the registry, the request log,
+--        this client's state keys), then each other client's state keys,
+--        in AD_OTHERS' order
+-- ARGV   internal/wire's admin arguments: AD_ALGORITHM, AD_OP, AD_NOW,
+--        AD_VALUE, AD_CONFIG, AD_CLIENT_ID, AD_OTHERS …
 
---[[@tools]]
+local MAX = 9007199254740992 -- 2^53
 
---[[@admin]]
+local function fail(why)
+  error('REDLIMIT ' .. why, 0)
+end
 
--- stored_config makes a config of the hash's fields f (HMGET order): every
--- one is checked, as anything may have written them, and the first one
--- found wrong is named.
+local function corrupt(key, what)
+  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
+end
+
+local MAKERS = {}
+--[[@modules]]
+
+local ALGORITHM = ARGV[AD_ALGORITHM]
+local info = ALGORITHMS[ALGORITHM]
+if not info then
+  fail(E_CORRUPT .. ' ' .. KEYS[1] .. ': unknown algorithm ' .. string.format('%q', ALGORITHM))
+end
+local alg = MAKERS[ALGORITHM]()
+local op = ARGV[AD_OP]
+local IN_CONFIG, N, REGISTRY, REQUESTS = info.in_config, #info.state, info.registry, info.requests
+local NOW_US
+if ARGV[AD_NOW] == '' then
+  local t = redis.call('TIME')
+  NOW_US = t[1] * 1000000 + t[2]
+else
+  NOW_US = ARGV[AD_NOW] + 0
+end
+local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
+
+-- call runs a command on key and turns an error into a clear one naming the
+-- key and the command (Redis before 7.2 names no command in an ACL refusal).
+local function call(key, command, ...)
+  local reply = redis.pcall(command, ...)
+  if type(reply) == 'table' and reply.err then
+    corrupt(key, reply.err .. ' (' .. command .. ')')
+  end
+  return reply
+end
+
+-- integer parses a stored field: a whole number within [min, max], or nil when absent.
+local function integer(key, field, value, min, max)
+  if not value then
+    return nil
+  end
+  local n = tonumber(value)
+  if n == nil or n % 1 ~= 0 or n < min or n > max then
+    corrupt(key, 'field ' .. field .. ' = ' .. string.format('%q', value))
+  end
+  return n
+end
+
+-- stored_config makes a config of the hash's fields f (CONFIG_FIELDS' order,
+-- then the algorithm): every one is checked, as anything may have written
+-- them, and the first one found wrong is named.
 local function stored_config(f)
   local key = KEYS[1]
   local cfg = {
-    rate = integer(key, 'rate', f[1], 1, RECORDS and 4294967295 or MAX), -- the token bucket's: see config.go
+    rate = integer(key, 'rate', f[1], 1, info.records and MAX_LOG_RATE or MAX),
     interval = integer(key, 'interval', f[2], 1, MAX),
     type = integer(key, 'type', f[3], 0, 1) or 0,
     burst = integer(key, 'burst', f[4], 0, MAX) or 0,
@@ -20,39 +76,40 @@ local function stored_config(f)
     keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
   }
   if cfg.rate == nil or cfg.interval == nil then
-    fail('corrupt ' .. key .. ': rate or interval missing')
+    corrupt(key, 'rate or interval missing')
   end
   if (cfg.buckets == 0 and DEFAULT_BUCKETS or cfg.buckets) > cfg.interval or cfg.rate > cfg.interval * 1000 then
-    fail('corrupt ' .. key .. ': rate or buckets too fine for the interval')
+    corrupt(key, 'rate or buckets too fine for the interval')
   end
-  if (f[7] or 'tokenbucket') ~= ALGORITHM then
-    fail('algorithm ' .. key .. ' holds a ' .. (f[7] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
+  if (f[9] or 'tokenbucket') ~= ALGORITHM then
+    fail(E_ALGORITHM .. ' ' .. key .. ' holds a ' .. (f[9] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
   end
-  if f[8] and f[8] ~= '' then
-    local _, numbers = string.gsub(f[8], '%d+', '')
-    local sound = numbers % 4 == 0 and numbers <= (MAX_RATES - 1) * 4 and not string.find(f[8], '[^%d ]')
-    for r, i, _, bk in string.gmatch(f[8], '(%d+) (%d+) (%d+) (%d+)') do
+  if f[7] and f[7] ~= '' then
+    local _, numbers = string.gsub(f[7], '%d+', '')
+    local sound = numbers % 4 == 0 and numbers <= (MAX_RATES - 1) * 4 and not string.find(f[7], '[^%d ]')
+    for r, i, _, bk in string.gmatch(f[7], '(%d+) (%d+) (%d+) (%d+)') do
       r, i, bk = r + 0, i + 0, bk + 0
       sound = sound and r >= 1 and r <= i * 1000 and i <= MAX and bk <= MAX_BUCKETS and (bk == 0 and DEFAULT_BUCKETS or bk) <= i
     end
     if not sound then
-      fail('corrupt ' .. key .. ': field more = ' .. string.format('%q', f[8]))
+      corrupt(key, 'field more = ' .. string.format('%q', f[7]))
     end
-    cfg.more = f[8]
+    cfg.more = f[7]
   end
-  if f[12] and f[12] ~= '' then
+  if f[8] and f[8] ~= '' then
     -- Each calendar rate is one of the config's (1 its own, 2 … more's);
     -- the zone, Go checks when it reads the field back.
     local _, numbers = string.gsub(cfg.more or '', '%d+', '')
-    local sound, rates = CALENDAR_RATES and string.find(f[12], '^%d=%a+:%d+:[%w_/%+%-]+'), 1 + numbers / 4
-    for place in string.gmatch(f[12], '(%d+)=') do
+    local sound, rates = info.calendar and string.find(f[8], '^%d=%a+:%d+:[%w_/%+%-]+'), 1 + numbers / 4
+    for place in string.gmatch(f[8], '(%d+)=') do
       sound = sound and place + 0 >= 1 and place + 0 <= rates
     end
     if not sound then
-      fail('corrupt ' .. key .. ': field calendar = ' .. string.format('%q', f[12]))
+      corrupt(key, 'field calendar = ' .. string.format('%q', f[8]))
     end
-    cfg.calendar = f[12]
+    cfg.calendar = f[8]
   end
+  cfg.shadow = f[10] == '1'
   return cfg
 end
 
@@ -66,10 +123,10 @@ local function intervals(cfg)
 end
 
 -- RATE_FIELDS lists the state's hash fields for every rate a config may
--- have: FIELDS, then each suffixed 2, 3 … (IN_CONFIG).
+-- have: its fields, then each suffixed 2, 3 … (IN_CONFIG).
 local RATE_FIELDS = {}
 for k = 1, MAX_RATES do
-  for _, field in ipairs(FIELDS) do
+  for _, field in ipairs(info.fields) do
     RATE_FIELDS[#RATE_FIELDS + 1] = field .. RATE_SUFFIX[k]
   end
 end
@@ -83,13 +140,14 @@ local function keep_usage(key, old, new)
   local from, to = intervals(old), intervals(new)
   local values = redis.call('HMGET', key, unpack(RATE_FIELDS))
   local moved, kept = {}, {}
+  local nf = #info.fields
   for q, interval_q in ipairs(to) do
     for p, interval_p in ipairs(from) do
       if interval_p == interval_q or #from == 1 and #to == 1 then
-        for j = 1, #FIELDS do
-          local value = values[(p - 1) * #FIELDS + j]
+        for j = 1, nf do
+          local value = values[(p - 1) * nf + j]
           if value then
-            local field = RATE_FIELDS[(q - 1) * #FIELDS + j]
+            local field = RATE_FIELDS[(q - 1) * nf + j]
             moved[#moved + 1], moved[#moved + 2], kept[field] = field, value, true
           end
         end
@@ -110,22 +168,25 @@ local function keep_usage(key, old, new)
   end
 end
 
--- owner names the algorithm that wrote value, a string in KEYS[1]: a
--- marker is its name, a flat state has its algorithm's shape (see FOREIGN
--- in common.lua); nil for anything else.
+-- owner names the algorithm that wrote value, a string at the limiter's
+-- key: a marker is its name, a flat state has its algorithm's shape
+-- (internal/wire's OwnerOf); nil for anything else.
 local function owner(value)
-  if value == 'tokenbucket' or value == 'funnel' or value == 'fixed_window' or value == 'sliding_window' then
+  if ALGORITHMS[value] then
     return value
   end
-  return string.find(value, '^[%d,;]+$') and 'funnel' or string.find(value, '^[%d ;]+$') and 'fixed_window'
-      or string.find(value, '^[%d:,;]+$') and 'sliding_window' or nil
+  for _, shape in ipairs(FLAT_SHAPES) do
+    if string.find(value, shape[2]) then
+      return shape[1]
+    end
+  end
+  return nil
 end
 
--- mismatch fails for a limiter whose state another algorithm wrote.
--- flat reads KEYS[1] when it is a string, which means no config is stored:
--- a flat state (common.lua), or '' for this algorithm's marker; nil when
--- KEYS[1] is no string. Another algorithm's fails, as does one no
--- algorithm wrote.
+-- flat reads the limiter's key when it is a string, which means no config
+-- is stored: a flat state, or '' for this algorithm's marker; nil when the
+-- key is no string. Another algorithm's fails, as does one no algorithm
+-- wrote.
 local function flat()
   if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
     return nil
@@ -133,18 +194,18 @@ local function flat()
   local value = redis.call('GET', KEYS[1])
   local other = owner(value)
   if not other then
-    fail('corrupt ' .. KEYS[1] .. ': ' .. string.format('%q', value))
+    corrupt(KEYS[1], string.format('%q', value))
   elseif other ~= ALGORITHM then
-    fail('algorithm ' .. KEYS[1] .. ' holds a ' .. other .. ' state, not ' .. ALGORITHM)
+    fail(E_ALGORITHM .. ' ' .. KEYS[1] .. ' holds a ' .. other .. ' state, not ' .. ALGORITHM)
   end
   return value == ALGORITHM and '' or value
 end
 
 -- flat_fields reads a flat state as the hash fields it encodes, field and
--- value alternating, or nil when KEYS[1] holds none. Each rate's part (';'
--- between them) is empty or has one space-separated piece per field, of
--- digits (the sliding window's also ':' and ','), as the algorithm's encode
--- writes it; anything else is corrupt.
+-- value alternating, or nil when the limiter's key holds none. Each rate's
+-- part (';' between them) is empty or has one space-separated piece per
+-- field, of digits (the sliding window's also ':' and ','), as the
+-- algorithm's encode writes it; anything else is corrupt.
 local function flat_fields()
   local value, fields, rates = flat(), {}, 0
   if not value then
@@ -155,36 +216,48 @@ local function flat_fields()
   local ok = not string.find(value, '[^%d:, ;]')
   for part in string.gmatch(value .. ';', '([^;]*);') do
     rates = rates + 1
-    local K, pieces = rates == 1 and '' or rates .. '', 0
+    local K, pieces = RATE_SUFFIX[rates] or '?', 0
     for piece in string.gmatch(part, '[^ ]+') do
       pieces = pieces + 1
-      fields[#fields + 1], fields[#fields + 2] = (FIELDS[pieces] or '') .. K, piece
+      fields[#fields + 1], fields[#fields + 2] = (info.fields[pieces] or '') .. K, piece
     end
-    ok = ok and (pieces == 0 or pieces == #FIELDS) and rates <= MAX_RATES
+    ok = ok and (pieces == 0 or pieces == #info.fields) and rates <= MAX_RATES
   end
   if not ok then
-    fail('corrupt ' .. KEYS[1] .. ': ' .. string.format('%q', value))
+    corrupt(KEYS[1], string.format('%q', value))
   end
   return fields
 end
 
--- owned reads the limiter's hash (HMGET: the config fields, the algorithm,
--- more, then the state fields of each algorithm's Overall state), or nil
--- for a flat state or marker (see flat). Another algorithm's config or state
--- fails, as scripts/common.lua refuses it: the ops that change a limiter
+-- owned reads the limiter's hash (HMGET: CONFIG_FIELDS, the algorithm,
+-- shadow, then every algorithm's Overall state fields: HASH_READ), or nil
+-- for a flat state or marker (see flat). Another algorithm's config or
+-- state fails, as a decision refuses it: the ops that change a limiter
 -- change only their own algorithm's.
+local HASH_READ = { unpack(CONFIG_FIELDS) }
+HASH_READ[9], HASH_READ[10] = 'algorithm', 'shadow'
+for i, field in ipairs(STATE_FIELDS) do HASH_READ[10 + i] = field end
+
 local function owned()
   if flat() then
     return nil
   end
-  local f = call(KEYS[1], 'HMGET', KEYS[1], 'rate', 'interval', 'type', 'burst', 'buckets', 'keepAliveTime',
-    'algorithm', 'more', 'tat', 'window', 'counts', 'calendar')
-  local config = f[1] or f[2] or f[7]
+  local f = call(KEYS[1], 'HMGET', KEYS[1], unpack(HASH_READ))
+  local config = f[1] or f[2] or f[9]
   -- State fields without a config: Throttle's funnel writes them.
-  local other = config and (f[7] or 'tokenbucket') or f[9] and 'funnel' or f[10] and 'fixed_window'
-      or f[11] and 'sliding_window'
+  local other = config and (f[9] or 'tokenbucket') or nil
+  for i = 11, #HASH_READ do
+    if other then break end
+    if f[i] then
+      for name, a in pairs(ALGORITHMS) do
+        for _, mine in ipairs(a.fields) do
+          if mine == HASH_READ[i] then other = name end
+        end
+      end
+    end
+  end
   if other and other ~= ALGORITHM then
-    fail('algorithm ' .. KEYS[1] .. ' holds a ' .. other .. (config and ' config' or ' state') .. ', not ' .. ALGORITHM)
+    fail(E_ALGORITHM .. ' ' .. KEYS[1] .. ' holds a ' .. other .. (config and ' config' or ' state') .. ', not ' .. ALGORITHM)
   end
   return f
 end
@@ -196,49 +269,43 @@ local function read_config()
   if not f then
     return nil, {}
   end
-  if not f[1] and not f[2] and not f[7] then
+  if not f[1] and not f[2] and not f[9] then
     return nil, f
   end
   return stored_config(f), f
 end
 
 -- config: stored in Redis > the handle's default > not initialized. It
--- returns the config in force and the stored one. A 'fixed' config
--- (Throttle) ignores a stored one; a 'new' one (SetRate) is about to
--- replace it. It sets the skeleton's locals (rate, interval, …) that the
--- algorithm's helpers read.
+-- returns the config in force and the stored one. A fixed config (Throttle)
+-- ignores a stored one; a new one (SetRate) is about to replace it.
 local function config()
-  local given = { string.match(ARGV[CONFIG], '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$') }
+  local given = { string.match(ARGV[AD_CONFIG], CONFIG_ARG) }
   local calendars = nil
-  if given[8] and string.byte(given[8], 1) == 64 then -- '@': calendar rates (common.lua's CONFIG)
+  if given[8] and string.byte(given[8], 1) == 64 then -- '@': calendar rates
     calendars, given[8] = string.match(given[8], '^@(%S+) ?(.*)$')
   end
   local source, cfg = given[1], nil
   local old = read_config()
-  if old and source ~= 'fixed' and source ~= 'new' then
+  if old and source ~= SOURCE_FIXED and source ~= SOURCE_NEW then
     cfg = old
   elseif source then
     cfg = { rate = given[2] + 0, interval = given[3] + 0, type = given[4] + 0, burst = given[5] + 0,
       buckets = given[6] + 0, keepalive = given[7] + 0, more = given[8] ~= '' and given[8] or nil, calendar = calendars }
   else
-    fail('not initialized ' .. KEYS[1])
+    fail(E_NOT_INITIALIZED .. ' ' .. KEYS[1])
   end
-  rate, interval, kind, keepalive, stored = cfg.rate, cfg.interval, cfg.type, cfg.keepalive, old ~= nil
-  burst, buckets = cfg.burst, cfg.buckets
-  if burst == 0 then burst = rate end
-  if buckets == 0 then buckets = DEFAULT_BUCKETS end
   return cfg, old
 end
 
-if op == 'allow' or op == 'release' or op == 'charge' or op == 'lease' or op == 'refund' then
+if op == 'diagnose' then
   config() -- raises what the decision found wrong
-  fail('corrupt ' .. KEYS[1] .. ': config refused')
+  corrupt(KEYS[1], 'config refused')
 end
 
 -- state_keys returns a group's state keys: group 0 holds the Overall state,
--- group 1 this client's, group k ≥ 2 that of the (k−1)th client in ARGV[OTHERS ..].
--- An algorithm whose state is hash fields keeps the Overall state in KEYS[1]
--- and each client's in one key. See common.lua for the order of KEYS.
+-- group 1 this client's, group k ≥ 2 that of the (k−1)th client in
+-- ARGV[AD_OTHERS ..]. An algorithm whose state is hash fields keeps the
+-- Overall state in the limiter's key and each client's in one key.
 local function state_keys(group)
   if IN_CONFIG then
     if group == 0 then
@@ -261,7 +328,7 @@ local function groups()
   return (#KEYS - 3) / N
 end
 
--- separate_state_keys lists the state keys that are not KEYS[1].
+-- separate_state_keys lists the state keys that are not the limiter's key.
 local function separate_state_keys()
   local keys = {}
   for i = 2, #KEYS do
@@ -277,12 +344,12 @@ end
 -- asks again with the missing ones.
 local function missing_clients()
   local given = {}
-  for i = OTHERS, #ARGV do
+  for i = AD_OTHERS, #ARGV do
     given[ARGV[i]] = true
   end
   local missing = {}
   for _, id in ipairs(call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)) do
-    if not given[id] and id ~= ARGV[CLIENT_ID] then
+    if not given[id] and id ~= ARGV[AD_CLIENT_ID] then
       missing[#missing + 1] = id
     end
   end
@@ -348,13 +415,13 @@ if op == 'ttl' then
   return ttl
 end
 if op == 'shadow' then
-  -- Shadow mode is the stored config's: on (PERMITS 1), every instance's
+  -- Shadow mode is the stored config's: on (AD_VALUE 1), every instance's
   -- decisions on the limiter are made and counted as ever, and their
   -- callers granted whatever the limit says; off, they are enforced again.
   if not read_config() then
-    fail('not initialized ' .. KEYS[1])
+    fail(E_NOT_INITIALIZED .. ' ' .. KEYS[1])
   end
-  if ARGV[PERMITS] == '1' then
+  if ARGV[AD_VALUE] == '1' then
     redis.call('HSET', KEYS[1], 'shadow', '1')
   else
     redis.call('HDEL', KEYS[1], 'shadow')
@@ -374,7 +441,7 @@ end
 -- The ops below act on every client's keys.
 local missing = missing_clients()
 if #missing > 0 then
-  return { 'missing', missing }
+  return { REPLY_MISSING, missing }
 end
 if op == 'reset' then
   owned()
@@ -390,7 +457,7 @@ if op == 'expire' then
   table.insert(keys, 1, KEYS[1])
   table.insert(keys, 2, KEYS[REGISTRY])
   table.insert(keys, 3, KEYS[REQUESTS])
-  return cap_expiry(keys, tonumber(ARGV[PERMITS]))
+  return cap_expiry(keys, tonumber(ARGV[AD_VALUE]))
 end
 if op == 'set' or op == 'tryset' then
   local new, old = config()
@@ -402,9 +469,9 @@ if op == 'set' or op == 'tryset' then
   for group = 0, groups() - 1 do
     for i, key in ipairs(state_keys(group)) do
       local t = redis.call('TYPE', key)['ok']
-      local want = TYPES[i]
+      local want = info.types[i]
       if t ~= 'none' and t ~= want and not (key == KEYS[1] and fields) then
-        fail('corrupt ' .. key .. ': a ' .. t .. ', not a ' .. want)
+        corrupt(key, 'a ' .. t .. ', not a ' .. want)
       end
     end
   end
@@ -418,11 +485,10 @@ if op == 'set' or op == 'tryset' then
     end
   end
   write_config(new)
-  stored = true
-  -- New rates forget the request log: a lease's refund names its take
-  -- there, and a grant counted under other rates is never given back into
-  -- these. A script re-sent across it may count twice: that only denies
-  -- sooner.
+  -- New rates forget the request log: a reservation's release names its
+  -- grant there, and a grant counted under other rates is never given back
+  -- into these. A script re-sent across it may count twice: that only
+  -- denies sooner.
   local same = old
   for _, field in ipairs({ 'rate', 'interval', 'type', 'burst', 'buckets', 'more', 'calendar' }) do
     same = same and (old[field] or 0) == (new[field] or 0)
@@ -437,8 +503,8 @@ if op == 'set' or op == 'tryset' then
       redis.call('HDEL', KEYS[1], unpack(RATE_FIELDS)) -- Overall usage left by a default
     end
     for group = 0, groups() - 1 do
-      if settle then
-        settle(state_keys(group))
+      if alg.settle then
+        alg.settle(state_keys(group), new.rate, new.interval, NOW_US, new.keepalive == 0 and KEYS[1] or nil)
       elseif old and IN_CONFIG and (group == 0) == (new.type == 0) then
         keep_usage(state_keys(group)[1], old, new)
       end
@@ -446,4 +512,4 @@ if op == 'set' or op == 'tryset' then
   end
   return 1
 end
-fail('unknown op ' .. op)
+fail(E_CORRUPT .. ' ' .. KEYS[1] .. ': unknown op ' .. string.format('%q', op))

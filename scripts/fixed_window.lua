@@ -2,103 +2,106 @@
 -- to the Unix epoch so every instance agrees where one starts; or, for a
 -- calendar rate, the calendar's windows, whose edges Go sends (calendar.go).
 -- State: fields window (its start in ms) and count (permits granted in it),
--- or a flat state 'window count'; they expire with their window. Sections: see common.lua.
+-- or a flat state 'window count'; they expire with their window.
+-- A module of decide.lua: see there for what each function is given.
 
---[[@helpers]]
+local window = { FIELDS = { 'window', 'count' } }
 
---[[@fields]]
-, 'window' .. K, 'count' .. K
+function window.capacity(s)
+  return s.rate
+end
 
---[[@capacity]]
-rate
-
---[[@decode]]
--- A flat state is 'start count'; anything else fails load's checks.
-s1, s2 = string.match(flat, '^(%S*) ?(.*)$')
-
---[[@load]]
--- Windows never go back: a request whose clock is behind the stored window's
--- (clocks that disagree under WithClock, or a request that reached Redis
--- late) counts in the stored window rather than resetting it. The start is
--- kept in ms, not as an index, so that it stays meaningful across an
--- interval change.
-local start, count, stored_start = NOW_MS - NOW_MS % interval, 0, nil
--- A calendar rate's window is the one of the three Go sent that holds now;
--- its interval, that window's length. Clocks a whole window apart refuse.
-local edges = calendar and calendar[K]
-if edges then
-  start = nil
-  for e = 1, 3 do
-    if NOW_MS >= edges[e] and NOW_MS < edges[e + 1] then
-      start, interval = edges[e], edges[e + 1] - edges[e]
+-- load finds the window that holds now and the count it holds. Windows never
+-- go back: a request whose clock is behind the stored window's (clocks that
+-- disagree under WithClock, or a request that reached Redis late) counts in
+-- the stored window rather than resetting it. The start is kept in ms, not
+-- as an index, so that it stays meaningful across an interval change. A
+-- calendar rate's window is the one of the three Go sent (s.edges) that
+-- holds now, and its interval that window's length; clocks a whole window
+-- apart refuse.
+function window.load(s, v1, v2, now)
+  local now_ms = (now - now % 1000) / 1000
+  local interval, edges = s.interval, s.edges
+  local start, count = now_ms - now_ms % interval, 0
+  if edges then
+    start = nil
+    for e = 1, 3 do
+      if now_ms >= edges[e] and now_ms < edges[e + 1] then
+        start, interval = edges[e], edges[e + 1] - edges[e]
+      end
+    end
+    if not start then
+      fail(E_CLOCK .. string.format(' at %d ms is outside the calendar windows the client sent, %d to %d ms',
+        now_ms, edges[1], edges[4]))
     end
   end
-  if not start then
-    error(string.format('REDLIMIT clock at %d ms is outside the calendar windows the client sent, %d to %d ms',
-      NOW_MS, edges[1], edges[4]), 0)
-  end
-end
-if s1 or s2 then
-  stored_start = tonumber(s1 or '')
-  local stored_count = tonumber(s2 or '')
-  if not (stored_start and stored_count and stored_start % 1 + stored_count % 1 == 0
-        and stored_start >= 0 and stored_start <= MAX and stored_count >= 0 and stored_count <= MAX) then
-    error('REDLIMIT corrupt ' .. where .. ': fields window' .. K .. ', count' .. K .. ' = '
-      .. string.format('%q, %q', s1 or 'none', s2 or 'none'), 0)
-  end
-  if edges and stored_start >= start then
-    -- Counted in now's window or a later one (see above), as a start of
-    -- another calendar's may be (SetRate keeps the usage): in the one that
-    -- holds it.
-    if stored_start >= edges[3] then
-      start, interval = edges[3], edges[4] - edges[3]
+  s.stored_start = nil
+  if v1 or v2 then
+    local stored_start, stored_count = tonumber(v1 or ''), tonumber(v2 or '')
+    if not (stored_start and stored_count and stored_start % 1 + stored_count % 1 == 0
+          and stored_start >= 0 and stored_start <= MAX and stored_count >= 0 and stored_count <= MAX) then
+      corrupt(s.where, 'fields window' .. s.K .. ', count' .. s.K .. ' = '
+        .. string.format('%q, %q', v1 or 'none', v2 or 'none'))
     end
-    count = stored_count
-  elseif not edges and stored_start - stored_start % interval >= start then
-    start, count = stored_start - stored_start % interval, stored_count
+    s.stored_start = stored_start
+    if edges and stored_start >= start then
+      -- Counted in now's window or a later one (see above), as a start of
+      -- another calendar's may be (SetRate keeps the usage): in the one
+      -- that holds it.
+      if stored_start >= edges[3] then
+        start, interval = edges[3], edges[4] - edges[3]
+      end
+      count = stored_count
+    elseif not edges and stored_start - stored_start % interval >= start then
+      start, count = stored_start - stored_start % interval, stored_count
+    end
   end
-end
-local ends = (start + interval) * 1000
-
---[[@wait]]
-if count + permits > rate then
-  wait = ends - NOW_US
+  s.start, s.count, s.length = start, count, interval
+  s.ends = (start + interval) * 1000
 end
 
---[[@commit]]
-count = count + permits
+function window.wait(s, permits, now)
+  if s.count + permits > s.rate then
+    return s.ends - now
+  end
+  return 0
+end
 
---[[@resent]]
-false
+-- commit refuses (false) a count past what doubles hold exactly.
+function window.commit(s, permits)
+  if s.count + permits > MAX then
+    return false
+  end
+  s.count = s.count + permits
+  return true
+end
 
---[[@release]]
--- A refund's permits are counted here only if granted in this window: one
+-- release gives back a grant's permits only while its window lasts: one
 -- ended has taken them with it.
-back = math.min(permits, count)
-if grant_at and grant_at < start * 1000 then back = 0 end
-count = count - back
-
---[[@encode]]
--- A new window's first step moves the state's expiry; the others keep it.
--- Only a flat state needs the string: write uses start and count.
-value = count > 0 and flat_write and string.format('%d %d', start, count) or nil
-expire = count > 0 and start ~= stored_start
-
---[[@write]]
--- Within a window, a step writes the count and nothing else.
-if count <= 0 then
-  redis.call('HDEL', where, 'window' .. K, 'count' .. K)
-elseif not expire then
-  redis.call('HSET', where, 'count' .. K, string.format('%d', count))
-else
-  redis.call('HSET', where, 'window' .. K, string.format('%d', start), 'count' .. K, string.format('%d', count))
+function window.release(s, permits, at)
+  if at < s.start * 1000 then
+    return 0
+  end
+  local back = math.min(permits, s.count)
+  s.count = s.count - back
+  return back
 end
 
---[[@report]]
-remaining = rate - count
-if count > 0 then
-  reset = ends - NOW_US
+-- encode: a new window's first write moves the state's expiry; the others
+-- keep it.
+function window.encode(s)
+  if s.count <= 0 then
+    return false, nil, nil
+  end
+  return s.start ~= s.stored_start, string.format('%d', s.start), string.format('%d', s.count)
 end
 
---[[@admin]]
-local TYPES, FIELDS, settle = { 'hash' }, { 'window', 'count' }, nil
+function window.report(s, now)
+  local reset = 0
+  if s.count > 0 then
+    reset = s.ends - now
+  end
+  return s.rate - s.count, reset
+end
+
+return window

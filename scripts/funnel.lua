@@ -1,6 +1,6 @@
 -- Funnel: GCRA as redis-cell's CL.THROTTLE computes it, in microseconds.
 -- Rate permits drain per interval and burst is the capacity; the state
--- expires when the funnel is empty again. Sections: see common.lua.
+-- expires when the funnel is empty again.
 -- The emission interval, interval × 1000 / rate µs, is seldom whole
 -- (PerSecond(600000): 5/3 µs), and a floored one drains faster than the
 -- rate says. So every time is whole µs plus a remainder in 1/rate µs, and
@@ -11,8 +11,8 @@
 -- scripts before remainders wrote it) has remainder 0; a remainder of rate
 -- or more (kept from another rate by SetRate) rounds the TAT up to the next
 -- µs.
+-- A module of decide.lua: see there for what each function is given.
 
---[[@helpers]]
 -- times returns m emission intervals of pe + pr / rate µs, as whole µs and a
 -- remainder in 1/rate µs. Where m × pr passes 2^52 (doubles are exact to
 -- 2^53) it is summed digit by digit of m in base b, a power of 2 small
@@ -63,134 +63,120 @@ local function count(w, f, pe, pr, rate)
   end
 end
 
---[[@fields]]
-, 'tat' .. K
+local funnel = { FIELDS = { 'tat' } }
 
---[[@capacity]]
-burst
-
---[[@decode]]
-s1 = flat
-
---[[@load]]
--- The emission interval is pe + pr / rate µs, and the tolerance, burst of
--- them, tolerance + tf / rate µs. The stored TAT (tat + tatf / rate µs) is
--- clamped to now at the earliest, and to a full funnel at the latest (the
--- usage a rate decrease leaves behind fits the new capacity), unless it is
--- owed: a charge's debt drains, to the µs, before anything more is granted.
--- Below 2^52, m × pr is exact and so are the steps from it (the common
--- case, written out here as in wait and commit); times takes the rest.
-local pe = interval * 1000 / rate
-pe = pe - pe % 1
-local pr = interval * 1000 - pe * rate
-local tolerance, tf = burst * pe, burst * pr
-if tf < 4503599627370496 then
-  local f = tf % rate
-  tolerance, tf = tolerance + (tf - f) / rate, f
-else
-  tolerance, tf = times(burst, pe, pr, rate)
+function funnel.capacity(s)
+  return s.burst
 end
-local tat, tatf = NOW_US, 0
-if s1 then
-  local t, f, owed = string.match(s1, '^(%d+),?(%d*),?(1?)$')
-  tat = t and t + 0
-  if not tat or tat > MAX then
-    error('REDLIMIT corrupt ' .. where .. ': field tat' .. K .. ' = ' .. string.format('%q', s1), 0)
+
+-- load reads the stored TAT (tat + tatf / rate µs), clamped to now at the
+-- earliest, and to a full funnel at the latest (the usage a rate decrease
+-- leaves behind fits the new capacity), unless it is owed: a charge's debt
+-- drains, to the µs, before anything more is granted. The emission interval
+-- is pe + pr / rate µs, the tolerance (burst of them) tolerance + tf / rate.
+function funnel.load(s, v, _, now)
+  local rate = s.rate
+  local pe = s.interval * 1000 / rate
+  pe = pe - pe % 1
+  local pr = s.interval * 1000 - pe * rate
+  local tolerance, tf = times(s.burst, pe, pr, rate)
+  s.pe, s.pr, s.tolerance, s.tf = pe, pr, tolerance, tf
+  local tat, tatf = now, 0
+  if v then
+    local t, f, owed = string.match(v, '^(%d+),?(%d*),?(1?)$')
+    tat = t and t + 0
+    if not tat or tat > MAX then
+      corrupt(s.where, 'field tat' .. s.K .. ' = ' .. string.format('%q', v))
+    end
+    if f ~= '' then
+      tatf = f + 0
+      if tatf >= rate then tat, tatf = tat + 1, 0 end
+    end
+    if tat < now then
+      tat, tatf = now, 0
+    elseif (tat - now > tolerance or tat - now == tolerance and tatf > tf) and owed == '' then
+      tat, tatf = now + tolerance, tf
+    end
   end
-  if f ~= '' then
-    tatf = f + 0
-    if tatf >= rate then tat, tatf = tat + 1, 0 end
+  s.tat, s.tatf = tat, tatf
+end
+
+-- wait: permits fit when tat + permits × emission ≤ now + tolerance; the
+-- wait is the exact difference, rounded up to whole µs.
+function funnel.wait(s, permits, now)
+  local w, f = times(s.burst - permits, s.pe, s.pr, s.rate)
+  local wait = s.tat - now - w
+  if s.tatf > f then wait = wait + 1 end
+  return wait
+end
+
+-- commit counts a grant. It drains from the TAT before it (whole µs,
+-- rounded down): since, which a reservation's release reckons from. It
+-- refuses (false) a debt past what the state holds exactly: a TAT more
+-- than MAX_DEBT µs ahead of now.
+function funnel.commit(s, permits, now)
+  s.since = s.tat
+  local w, f = times(permits, s.pe, s.pr, s.rate)
+  local tat, tatf = s.tat + w, s.tatf + f
+  if tatf >= s.rate then tat, tatf = tat + 1, tatf - s.rate end
+  if tat - now > MAX_DEBT then
+    return false
   end
-  if tat < NOW_US then
-    tat, tatf = NOW_US, 0
-  elseif (tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf) and owed == '' then
-    tat, tatf = NOW_US + tolerance, tf
-  end
+  s.tat, s.tatf = tat, tatf
+  return true
 end
 
---[[@wait]]
--- Permits fit when tat + permits × emission ≤ now + tolerance: the wait is
--- the exact difference, rounded up to whole µs.
-local w, f = (burst - permits) * pe, (burst - permits) * pr
-if f < 4503599627370496 then
-  local r = f % rate
-  w, f = w + (f - r) / rate, r
-else
-  w, f = times(burst - permits, pe, pr, rate)
-end
-wait = tat - NOW_US - w
-if tatf > f then wait = wait + 1 end
-
---[[@commit]]
--- The grant drains from the TAT before it (whole µs, rounded down): a
--- refund reckons from there (common.lua's since).
-if not since or tat < since then since = tat end
-local w, f = permits * pe, permits * pr
-if f < 4503599627370496 then
-  local r = f % rate
-  w, f = w + (f - r) / rate, r
-else
-  w, f = times(permits, pe, pr, rate)
-end
-tat, tatf = tat + w, tatf + f
-if tatf >= rate then tat, tatf = tat + 1, tatf - rate end
-
---[[@resent]]
-false
-
---[[@release]]
-back = count(tat - NOW_US, tatf, pe, pr, rate)
-if back > permits then back = permits end
-if grant_at then
-  -- A refund gives back only what has not drained of its grant:
-  -- grant_at + grant_size × emission − now, in whole emission intervals. Whatever came
-  -- between, the TAT is then no lower than without those permits.
-  local w, f = times(grant_size, pe, pr, rate)
-  w = w + grant_at - NOW_US
+-- release gives back up to permits of a grant of size permits made at at
+-- µs (since, when it was a funnel's): what has not drained of it,
+-- at + size × emission − now, in whole emission intervals, and never more
+-- than the TAT holds. Whatever came between, the TAT is then no lower than
+-- without those permits.
+function funnel.release(s, permits, at, size, now)
+  local rate, pe, pr = s.rate, s.pe, s.pr
+  local back = count(s.tat - now, s.tatf, pe, pr, rate)
+  if back > permits then back = permits end
+  local w, f = times(size, pe, pr, rate)
+  w = w + at - now
   local left = w >= 0 and count(w, f, pe, pr, rate) or 0
   if left < back then back = left end
-end
-local w, f = times(back, pe, pr, rate)
-tat, tatf = tat - w, tatf - f
-if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
-
---[[@encode]]
--- An empty funnel has no state; every other moves its expiry. A TAT past a
--- full funnel is a charge's debt (see the top).
-value = nil
-if tat - NOW_US > tolerance or tat - NOW_US == tolerance and tatf > tf then
-  value = string.format('%d,%d,1', tat, tatf)
-elseif tatf > 0 then
-  value = string.format('%d,%d', tat, tatf)
-elseif tat > NOW_US then
-  value = string.format('%d', tat)
-end
-expire = value ~= nil
-
---[[@write]]
-if value then
-  redis.call('HSET', where, 'tat' .. K, value)
-else
-  redis.call('HDEL', where, 'tat' .. K)
+  w, f = times(back, pe, pr, rate)
+  local tat, tatf = s.tat - w, s.tatf - f
+  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
+  s.tat, s.tatf = tat, tatf
+  return back
 end
 
---[[@report]]
--- Until the funnel is empty, rounded up; and the permits that fit now: the
--- whole emission intervals in tolerance − (TAT − now), never below 0.
-reset = tat - NOW_US
-do
-  local w, f = tolerance - reset, tf - tatf
-  if f < 0 then w, f = w - 1, f + rate end
-  local x = w * rate + f
-  if x < 0 then
-    remaining = 0
-  elseif x < 4503599627370496 then
-    remaining = (x - x % (interval * 1000)) / (interval * 1000) -- count's common case
-  else
-    remaining = count(w, f, pe, pr, rate)
+-- encode returns whether the state's expiry moves (on every write), and
+-- its field: none for an empty funnel. A TAT past a full funnel is a
+-- charge's debt.
+function funnel.encode(s, now)
+  local tat, tatf = s.tat, s.tatf
+  if tat - now > s.tolerance or tat - now == s.tolerance and tatf > s.tf then
+    return true, string.format('%d,%d,1', tat, tatf)
+  elseif tatf > 0 then
+    return true, string.format('%d,%d', tat, tatf)
+  elseif tat > now then
+    return true, string.format('%d', tat)
   end
+  return true, nil
 end
-if tatf > 0 then reset = reset + 1 end
 
---[[@admin]]
-local TYPES, FIELDS, settle = { 'hash' }, { 'tat' }, nil
+-- report: µs until the funnel is empty, rounded up; and the permits that
+-- fit now: the whole emission intervals in tolerance − (TAT − now), never
+-- below 0.
+function funnel.report(s, now)
+  local reset = s.tat - now
+  local w, f = s.tolerance - reset, s.tf - s.tatf
+  if f < 0 then w, f = w - 1, f + s.rate end
+  local x, remaining = w * s.rate + f, 0
+  if x >= 4503599627370496 then
+    remaining = count(w, f, s.pe, s.pr, s.rate)
+  elseif x >= 0 then
+    local period = s.interval * 1000
+    remaining = (x - x % period) / period -- count's common case
+  end
+  if s.tatf > 0 then reset = reset + 1 end
+  return remaining, reset
+end
+
+return funnel

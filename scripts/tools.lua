@@ -1,6 +1,5 @@
--- The helpers of the admin ops and of a refused decision's diagnosis.
--- script.go pastes this file after the decision block, so that no function
--- is created on a decision's path.
+-- The helpers of the in-flight script (internal/evalsha puts this file
+-- before it).
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)

@@ -1,4 +1,4 @@
-package redlimit
+package evalsha
 
 import (
 	"context"
@@ -9,16 +9,18 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // Group commit. Most of a decision's cost, in Redis and in the client, is
 // the script call around it, not the algorithm: so while a decision's call
-// is in flight, the decisions that arrive on the same Client wait for it,
-// and then go out together, in one EVALSHA of the batch script
-// (scripts/batch.lua), which decides each as it would alone, in the order
-// they came, at one time. A lone caller goes out at once, as it always did:
-// there is no timer and no added wait. Each caller gets its own reply or
-// error, and a caller whose context ends while it waits leaves its batch.
+// is in flight, the decisions that arrive on the same Transport wait for
+// it, and then go out together, in one EVALSHA of the decision script, which
+// decides each as it would alone, in the order they came. A lone caller goes
+// out at once: there is no timer and no added wait. Each caller gets its own
+// reply or error, and a caller whose context ends while it waits leaves its
+// batch.
 //
 // Only requests whose keys live together can share a call: on a single
 // server (Client, FailoverClient) any; on a Cluster, those of one hash slot.
@@ -33,13 +35,13 @@ const batchCalls = 2
 // holds Redis (a token bucket's decision is the slowest, tens of µs).
 const batchSize = 64
 
-// WithoutBatching sends every decision in a call of its own, as soon as its
-// caller makes it, instead of batching the decisions that arrive while one
-// is in flight.
-func WithoutBatching() Option { return func(c *Client) { c.batches.off = true } }
-
-// batchScript decides the requests of a batch, of every algorithm.
-var batchScript = newBatchScript(tokenBucket, funnel, fixedWindow, slidingWindow)
+// Request is one decision: its algorithm and op (boxed once by the caller:
+// converting a string to an interface on every call would allocate), and
+// its keys and arguments as internal/wire lays them out.
+type Request struct {
+	Algorithm, Op any
+	Keys, Args    []any
+}
 
 // batcher queues the decisions of one group (see batches.of) while its
 // calls are in flight.
@@ -55,21 +57,12 @@ type batcher struct {
 // sender sets reply and err, and wake hands them to the caller.
 type pending struct {
 	ctx    context.Context
-	script *script
-	keys   []any
-	args   []any
+	req    Request
 	queued bool // still in the queue: may leave it
 	alone  bool // a batch of one: the caller sends it
 	reply  any
 	err    error
 	wake   chan struct{} // alone or reply set
-}
-
-// batch is the requests sent in one call: keys and args are the call's,
-// copied from the requests as they were taken from the queue.
-type batch struct {
-	members    []*pending
-	keys, args []any
 }
 
 // batchSizes counts the batches sent and the decisions they held, for tests
@@ -78,16 +71,17 @@ type batchSizes struct {
 	calls, decisions atomic.Int64
 }
 
-// batches is a Client's batchers: how its requests may share a call.
+// batches is a Transport's batchers: how its requests may share a call.
 type batches struct {
-	off    bool    // WithoutBatching
+	off    bool    // every decision alone
 	single bool    // one server: every request shares one batcher, all
 	all    batcher // single's
 	slots  *slots  // a Cluster's: one batcher per hash slot
 }
 
 // route sets how requests through rdb may share a call.
-func (b *batches) route(rdb redis.Scripter) {
+func (b *batches) route(rdb redis.Scripter, off bool) {
+	b.off = off
 	switch rdb.(type) {
 	case *redis.Client:
 		b.single = true
@@ -105,27 +99,29 @@ func (b *batches) of(keys []any) *batcher {
 		return &b.all
 	case b.slots != nil:
 		key, _ := keys[0].(string)
-		return b.slots.of(clusterSlot(key))
+		return b.slots.of(ClusterSlot(key))
 	}
 	return nil
 }
 
-// decision runs one decision's script call, in a batch when others are in
-// flight. Keys and args are copied into a batch as it is taken from the
-// queue, so they are the caller's again when decision returns.
-func (c *Client) decision(ctx context.Context, s *script, keys, args []any) (reply any, err error) {
-	g := c.batches.of(keys)
+// Decide runs one decision, in a batch when others are in flight, and
+// returns its reply: a decision's (internal/wire), or wire.ReplyAdmin for a
+// config the script refused. req's keys and args are copied into a batch
+// as it is taken from the queue, so they are the caller's again when Decide
+// returns.
+func (t *Transport) Decide(ctx context.Context, req Request) (any, error) {
+	g := t.batches.of(req.Keys)
 	if g == nil {
-		return c.run(ctx, s, keys, args)
+		return t.alone(ctx, nil, req)
 	}
 	g.mu.Lock()
 	if g.inflight < batchCalls && len(g.queue) == 0 {
 		g.inflight++
 		g.mu.Unlock()
-		return c.alone(ctx, g, s, keys, args)
+		return t.alone(ctx, g, req)
 	}
 	p := pendings.Get().(*pending)
-	p.ctx, p.script, p.keys, p.args, p.queued = ctx, s, keys, args, true
+	p.ctx, p.req, p.queued = ctx, req, true
 	g.queue = append(g.queue, p)
 	g.mu.Unlock()
 	select {
@@ -139,12 +135,12 @@ func (c *Client) decision(ctx context.Context, s *script, keys, args []any) (rep
 		g.mu.Unlock()
 		if alone {
 			<-p.wake
-			c.finished(g) // the call it was to make, and now will not
+			t.finished(g) // the call it was to make, and now will not
 		}
 		// Left before its batch was sent: not counted. Taken into one
 		// already: it may be counted, as a lone call whose caller left
 		// mid-flight may.
-		return nil, scriptError(ctx, ctx.Err(), keys)
+		return nil, Classify(ctx, ctx.Err(), req.Keys)
 	}
 	// Woken, the caller owns p again, and gives it back.
 	alone, reply, err := p.alone, p.reply, p.err
@@ -152,19 +148,12 @@ func (c *Client) decision(ctx context.Context, s *script, keys, args []any) (rep
 	pendings.Put(p)
 	if alone {
 		// A batch of one: its call is the caller's own.
-		return c.alone(ctx, g, s, keys, args)
+		return t.alone(ctx, g, req)
 	}
-	switch r := reply.(type) {
-	case string:
-		if r == "admin" {
-			// The decision refused the request's config: alone, the
-			// script goes on to say why.
-			return c.run(ctx, s, keys, args)
-		}
-	case []any:
-		return nil, decisionError(ctx, r, keys)
+	if err != nil {
+		return nil, err
 	}
-	return reply, err
+	return element(ctx, reply, req.Keys)
 }
 
 // pendings recycles the pending of callers woken by their reply: no one
@@ -172,12 +161,37 @@ func (c *Client) decision(ctx context.Context, s *script, keys, args []any) (rep
 // may still answer it.
 var pendings = sync.Pool{New: func() any { return &pending{wake: make(chan struct{}, 1)} }}
 
-// alone makes one call of g for the caller's own request.
-func (c *Client) alone(ctx context.Context, g *batcher, s *script, keys, args []any) (any, error) {
-	reply, err := c.run(ctx, s, keys, args)
-	c.finished(g)
+// alone makes one call (of g, if not nil) for the caller's own request: a
+// batch of one, whose reply is the request's own.
+func (t *Transport) alone(ctx context.Context, g *batcher, req Request) (any, error) {
+	head := [wire.RequestHead]any{req.Algorithm, req.Op, len(req.Keys), len(req.Args)}
+	reply, err := t.run(ctx, 1, t.scripts.Decide, req.Keys, head[:], req.Args)
+	if g != nil {
+		t.finished(g)
+	}
 	return reply, err
 }
+
+// element is one request's reply in a call's: {message} is the error its
+// decision raised, classed as the same decision sent alone would be.
+func element(ctx context.Context, reply any, keys []any) (any, error) {
+	r, ok := reply.([]any)
+	if !ok {
+		return reply, nil
+	}
+	msg, ok := "", len(r) == 1
+	if ok {
+		msg, ok = r[0].(string)
+	}
+	if !ok {
+		return nil, wire.Unexpected(r)
+	}
+	// Redis 6.2 puts the script's line first: "@user_script: 12: -OOM …".
+	msg = strings.TrimPrefix(scriptLine.ReplaceAllString(msg, ""), "-")
+	return nil, Classify(ctx, ReplyError(msg), keys)
+}
+
+var scriptLine = regexp.MustCompile(`^@user_script: ?\d+: `)
 
 func remove(queue []*pending, p *pending) []*pending {
 	for i, q := range queue {
@@ -188,8 +202,15 @@ func remove(queue []*pending, p *pending) []*pending {
 	return queue
 }
 
+// batch is the requests sent in one call: keys and args are the call's,
+// copied from the requests as they were taken from the queue.
+type batch struct {
+	members    []*pending
+	keys, args []any
+}
+
 // finished ends a call of g, and sends the next batches from the queue.
-func (c *Client) finished(g *batcher) {
+func (t *Transport) finished(g *batcher) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.inflight--
@@ -198,24 +219,21 @@ func (c *Client) finished(g *batcher) {
 		first := g.queue[0]
 		b := &batch{
 			members: make([]*pending, 0, n),
-			keys:    make([]any, 0, n*len(first.keys)),
-			args:    make([]any, 0, 2+n*(3+len(first.args))),
+			keys:    make([]any, 0, n*len(first.req.Keys)),
+			args:    make([]any, 0, n*(wire.RequestHead+len(first.req.Args))),
 		}
 		for _, p := range g.queue[:n] {
 			p.queued = false
 			if p.ctx.Err() != nil {
 				// Its caller is leaving: the batch goes without it.
-				p.err = scriptError(p.ctx, p.ctx.Err(), p.keys)
+				p.err = Classify(p.ctx, p.ctx.Err(), p.req.Keys)
 				p.wake <- struct{}{}
 				continue
 			}
 			b.members = append(b.members, p)
-			b.keys = append(b.keys, p.keys...)
-			if len(b.members) == 1 {
-				b.args = append(b.args, "batch", noArg)
-			}
-			b.args = append(b.args, p.script.nameArg, len(p.keys), len(p.args))
-			b.args = append(b.args, p.args...)
+			b.keys = append(b.keys, p.req.Keys...)
+			b.args = append(b.args, p.req.Algorithm, p.req.Op, len(p.req.Keys), len(p.req.Args))
+			b.args = append(b.args, p.req.Args...)
 		}
 		g.queue = append(g.queue[:0], g.queue[n:]...)
 		if len(b.members) == 0 {
@@ -230,12 +248,12 @@ func (c *Client) finished(g *batcher) {
 		}
 		// Sent from a goroutine of its own, so that every caller waits
 		// for its reply or its context, whichever comes first.
-		go c.sendBatch(g, b)
+		go t.sendBatch(g, b)
 	}
 }
 
 // sendBatch runs batch b and hands each member its reply.
-func (c *Client) sendBatch(g *batcher, b *batch) {
+func (t *Transport) sendBatch(g *batcher, b *batch) {
 	// The call is every member's: one caller leaving does not end it, and
 	// it gives up at the last member's deadline. It carries their
 	// contexts, for hooks that trace each caller.
@@ -256,13 +274,10 @@ func (c *Client) sendBatch(g *batcher, b *batch) {
 		ctx, cancel = context.WithDeadline(ctx, last)
 		defer cancel()
 	}
-	if c.now != nil {
-		b.args[argNow-1] = c.now().UnixMicro() // no TIME: members carry their clocks
-	}
-	reply, err := c.runDeciding(ctx, len(b.members), batchScript, b.keys, b.args)
+	reply, err := t.run(ctx, len(b.members), t.scripts.Decide, b.keys, nil, b.args)
 	replies, ok := reply.([]any)
 	if err == nil && (!ok || len(replies) != len(b.members)) {
-		err = unexpected(reply)
+		err = wire.Unexpected(reply)
 	}
 	for i, p := range b.members {
 		if err != nil {
@@ -273,7 +288,7 @@ func (c *Client) sendBatch(g *batcher, b *batch) {
 	}
 	g.sizes.calls.Add(1)
 	g.sizes.decisions.Add(int64(len(b.members)))
-	c.finished(g)
+	t.finished(g)
 	for _, p := range b.members {
 		p.wake <- struct{}{}
 	}
@@ -282,15 +297,17 @@ func (c *Client) sendBatch(g *batcher, b *batch) {
 // batchMembers is the context key of a batch call's members' contexts.
 type batchMembers struct{}
 
-// membersOf returns the contexts of the callers whose decisions the call
+// MembersOf returns the contexts of the callers whose decisions the call
 // under ctx carries, or nil when it is no batch's.
-func membersOf(ctx context.Context) []context.Context {
+func MembersOf(ctx context.Context) []context.Context {
 	members, _ := ctx.Value(batchMembers{}).([]context.Context)
 	return members
 }
 
-// stats returns how many batches c has sent, and the decisions they held.
-func (b *batches) stats() (calls, decisions int64) {
+// BatchStats returns how many batches t has sent, and the decisions they
+// held.
+func (t *Transport) BatchStats() (calls, decisions int64) {
+	b := &t.batches
 	add := func(g *batcher) {
 		calls += g.sizes.calls.Load()
 		decisions += g.sizes.decisions.Load()
@@ -306,23 +323,6 @@ func (b *batches) stats() (calls, decisions int64) {
 	return calls, decisions
 }
 
-// decisionError is the error a batch's decision raised, r: {message}, as
-// the same decision sent alone would give it.
-func decisionError(ctx context.Context, r []any, keys []any) error {
-	msg, ok := "", len(r) == 1
-	if ok {
-		msg, ok = r[0].(string)
-	}
-	if !ok {
-		return unexpected(r)
-	}
-	// Redis 6.2 puts the script's line first: "@user_script: 12: -OOM …".
-	msg = strings.TrimPrefix(scriptLine.ReplaceAllString(msg, ""), "-")
-	return scriptError(ctx, replyError(msg), keys)
-}
-
-var scriptLine = regexp.MustCompile(`^@user_script: ?\d+: `)
-
 // slots holds a Cluster client's batchers, one per hash slot, made as their
 // first request comes.
 type slots [clusterSlots]atomic.Pointer[batcher]
@@ -337,9 +337,9 @@ func (s *slots) of(slot int) *batcher {
 	return s[slot].Load()
 }
 
-// clusterSlot is the hash slot of key, as Redis Cluster computes it: the
+// ClusterSlot is the hash slot of key, as Redis Cluster computes it: the
 // CRC16 of its hash tag (the first {…} holding anything), else of the key.
-func clusterSlot(key string) int {
+func ClusterSlot(key string) int {
 	if open := strings.IndexByte(key, '{'); open >= 0 {
 		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
 			key = key[open+1 : open+1+end]

@@ -1,4 +1,4 @@
-package redlimit
+package evalsha
 
 import (
 	"context"
@@ -8,38 +8,21 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
-// WithBreaker makes the Client fail fast while Redis is down. After failures
-// decisions in a row end in ErrUnavailable (a batch's call that fails
-// counts each of its decisions), every call ends at once, without
-// asking Redis, in ErrUnavailable (wrapping ErrBreakerOpen and the last
-// failure) for coolDown. Then one call goes to Redis as a probe while the
-// others still fail fast: if Redis answers, calls flow again; if not, another
-// coolDown starts. Defaults: failures 5 (when < 1), coolDown 1s (when <= 0).
-//
-// Without it each call during an outage waits for go-redis to give up (its
-// dial and read timeouts, times its retries: seconds with the defaults);
-// with it, WithFailOpen grants and failing closed denies in microseconds.
-// Any answer from Redis (a grant, a denial, ErrCorruptState,
-// ErrMisconfigured...) starts the count again. A call whose context was
-// cancelled counts neither way: the caller gave up, not Redis. A context
-// deadline passing before Redis answers counts as a failure: a hung Redis
-// looks like that.
-func WithBreaker(failures int, coolDown time.Duration) Option {
-	if failures < 1 {
-		failures = 5
-	}
-	if coolDown <= 0 {
-		coolDown = time.Second
-	}
-	return func(c *Client) { c.breaker = &breaker{failures: int64(failures), coolDown: coolDown, now: time.Now} }
+// NewBreaker returns a breaker (see redlimit.WithBreaker): after failures
+// decisions in a row end in wire.ErrUnavailable, every call fails at once for
+// coolDown, then one probe goes to Redis.
+func NewBreaker(failures int, coolDown time.Duration) *Breaker {
+	return &Breaker{failures: int64(failures), coolDown: coolDown, now: time.Now}
 }
 
-// breaker is closed (calls go to Redis), open (calls fail at once until
+// Breaker is closed (calls go to Redis), open (calls fail at once until
 // until), or probing (open, with one call let through). A closed breaker
 // costs a call two atomic loads, and writes only after a failure.
-type breaker struct {
+type Breaker struct {
 	failures int64
 	coolDown time.Duration
 	now      func() time.Time
@@ -65,7 +48,7 @@ type pass struct {
 }
 
 // enter lets a call go to Redis, or returns the error to answer it with.
-func (b *breaker) enter() (pass, error) {
+func (b *Breaker) enter() (pass, error) {
 	if b == nil {
 		return pass{}, nil
 	}
@@ -88,20 +71,20 @@ func (b *breaker) enter() (pass, error) {
 
 // leave records the outcome of a call that went to Redis, deciding
 // decisions requests (a batch's, or one).
-func (b *breaker) leave(p pass, err error, decisions int) {
+func (b *Breaker) leave(p pass, err error, decisions int) {
 	if b == nil {
 		return
 	}
 	stale := b.recoveries.Load() != p.recoveries // Redis answered someone since this call was sent
 	switch {
-	case errors.Is(err, context.Canceled) || (stale && errors.Is(err, ErrUnavailable)):
+	case errors.Is(err, context.Canceled) || (stale && errors.Is(err, wire.ErrUnavailable)):
 		// Nothing learnt of Redis: the caller gave up, or the failure is older than an answer.
 		if p.probe {
 			b.mu.Lock()
 			b.probing = false
 			b.mu.Unlock()
 		}
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, wire.ErrUnavailable):
 		if p.probe {
 			b.mu.Lock()
 			b.until, b.probing, b.cause = b.now().Add(b.coolDown), false, err
@@ -136,11 +119,11 @@ type breakerOpenError struct {
 }
 
 func (e *breakerOpenError) Error() string {
-	cause := strings.TrimPrefix(e.cause.Error(), ErrUnavailable.Error()+": ")
+	cause := strings.TrimPrefix(e.cause.Error(), wire.ErrUnavailable.Error()+": ")
 	if e.wait == 0 {
-		return fmt.Sprintf("%v, probing Redis; last failure: %s", ErrBreakerOpen, cause)
+		return fmt.Sprintf("%v, probing Redis; last failure: %s", wire.ErrBreakerOpen, cause)
 	}
-	return fmt.Sprintf("%v for %v more; last failure: %s", ErrBreakerOpen, e.wait.Round(time.Millisecond), cause)
+	return fmt.Sprintf("%v for %v more; last failure: %s", wire.ErrBreakerOpen, e.wait.Round(time.Millisecond), cause)
 }
 
-func (e *breakerOpenError) Unwrap() []error { return []error{ErrBreakerOpen, e.cause} }
+func (e *breakerOpenError) Unwrap() []error { return []error{wire.ErrBreakerOpen, e.cause} }

@@ -5,7 +5,28 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/wire"
 )
+
+// The four algorithms. Each is a module of the decision script
+// (scripts/<name>.lua) holding its arithmetic; internal/wire says where its
+// state lives.
+
+// TokenBucket returns the limiter called name (after the Client's prefix) as
+// Redisson's RRateLimiter keeps it: a log of grants, each given back exactly
+// Interval after it was made. At most Rate permits are granted in any span of
+// Interval; a full bucket grants all of them at once. Grants in one slice of
+// the Interval (Interval/64) share a record, freed with the latest of them:
+// the log holds at most 65 records, which bounds both Redis memory and each
+// call's work, and the bucket may under-admit by one slice's permits for at
+// most one slice. Rate must be below 2^32: Redisson's records count permits
+// in 4 bytes.
+//
+// Its keys are byte-compatible with Redisson 3.21+ (the NAME hash, the
+// {NAME}:value string and the {NAME}:permits zset), so Java services on
+// Redisson and Go services on redlimit can share one limiter.
+func (c *Client) TokenBucket(name string) *Limiter { return c.limiter(name, wire.TokenBucket) }
 
 // Funnel returns the limiter called name (after the Client's prefix) as a
 // leaky bucket computed with GCRA, as redis-cell's CL.THROTTLE does: Burst
@@ -13,9 +34,21 @@ import (
 // one every Interval/Rate. Grants are spread evenly once the burst is spent.
 // Its state is one integer, a field of the limiter's hash (one hash per client
 // for PerClient), which expires when the funnel is empty.
-func (c *Client) Funnel(name string) *Limiter { return c.limiter(name, funnel) }
+func (c *Client) Funnel(name string) *Limiter { return c.limiter(name, wire.Funnel) }
 
-var funnel = newAlgorithm(algorithm{name: "funnel", state: []string{"tat"}, inConfig: true, burst: true, charges: true}, "funnel.lua")
+// FixedWindow returns the limiter called name (after the Client's prefix) as a
+// counter per window: at most Rate permits in each window of Interval, windows
+// aligned to the Unix epoch so that every instance agrees where one starts.
+// Cheapest of all (two integer fields of the limiter's hash), but up to
+// 2 × Rate can pass in one Interval that straddles a window edge.
+func (c *Client) FixedWindow(name string) *Limiter { return c.limiter(name, wire.FixedWindow) }
+
+// SlidingWindow returns the limiter called name (after the Client's prefix)
+// as window counters: Interval split into Buckets sub-windows (0: 10), a
+// decision summing the last Buckets of them. No span shorter than
+// Interval × (Buckets−1)/Buckets holds more than Rate grants. Its state is one
+// field of the limiter's hash listing at most Buckets counters.
+func (c *Client) SlidingWindow(name string) *Limiter { return c.limiter(name, wire.SlidingWindow) }
 
 // ThrottleResult holds CL.THROTTLE's five reply values.
 type ThrottleResult struct {
@@ -48,7 +81,7 @@ func (c *Client) Throttle(ctx context.Context, key string, maxBurst, count int64
 	}
 	// CL.THROTTLE answers a quantity above the capacity as limited, with
 	// retry -1: decide, not Allow, which calls it ErrPermitsExceedRate.
-	r, err := l.withConfig(sourceFixed, cfg).decide(ctx, quantity)
+	r, err := l.withConfig(wire.SourceFixed, cfg).decide(ctx, quantity)
 	if err != nil {
 		return ThrottleResult{}, err
 	}

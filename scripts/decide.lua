@@ -1,0 +1,666 @@
+-- The decision script: every decision of every algorithm, one request or a
+-- batch of them in one call. Before this file the assembler (internal/evalsha)
+-- puts the contract's header (internal/wire: argument positions, the
+-- algorithms' layout, the replies); the algorithms' modules are pasted where
+-- the marker below says, each the body of a maker run when a request of its
+-- algorithm first comes, so that a call builds only what it uses.
+--
+-- KEYS   every request's keys, one request's after another's: the
+--        limiter's key (its config hash; or, with no config stored, a flat
+--        state or a marker: see read_limiter), the Overall state keys (none
+--        for an algorithm whose state is fields), the client registry, the
+--        request log, this client's state keys. A request that needs
+--        neither of the last three (not PerClient, no request log) is sent
+--        without them.
+-- ARGV   per request: its algorithm, op, how many keys, how many arguments,
+--        then its arguments (A_NOW …, internal/wire's request arguments);
+--        trailing arguments it does not use are left out.
+-- Reply  a request alone in its call: its reply (internal/wire's decision
+--        replies), or 'admin' for a config the decision refused (the client
+--        asks the admin script why). A batch: one element per request, in
+--        order, each its reply, 'admin', or {error} for one that raised an
+--        error (that request's alone).
+--
+-- Every decision runs in three steps: read (the config, then every rate's
+-- state), decide (in the rates' tables, writing nothing), write. Every check
+-- that can refuse a request (a corrupt state, a clock outside a calendar's
+-- windows, a debt past what a state holds exactly) is made before the first
+-- write, as Redis does not roll a script back when it raises.
+--
+-- Every number written or returned is an integer: Lua numbers are doubles and
+-- Redis truncates returned floats. A number given to redis.call is written
+-- with %.17g, exact below 2^53, and string.format's %d writes it exactly for
+-- less; .. writes %.14g, exact below 10^14 only.
+
+local MAX = 9007199254740992 -- 2^53
+
+-- fail raises the error the client maps to a sentinel (internal/wire's
+-- error prefixes): plain strings at level 0 (no position), which Redis and
+-- miniredis wrap each their own way.
+local function fail(why)
+  error('REDLIMIT ' .. why, 0)
+end
+
+local function corrupt(key, what)
+  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
+end
+
+-- The call's clock: Redis TIME, read once, for requests that sent none.
+local call_us
+local function clock(arg)
+  if arg ~= '' then
+    return arg + 0
+  end
+  if not call_us then
+    local t = redis.call('TIME')
+    call_us = t[1] * 1000000 + t[2]
+  end
+  return call_us
+end
+
+local MAKERS = {}
+--[[@modules]]
+
+local modules = {}
+local function module(name)
+  local m = modules[name]
+  if not m then
+    m = MAKERS[name]()
+    modules[name] = m
+  end
+  return m
+end
+
+-- configs holds each config argument parsed, by its text: a batch's
+-- requests mostly share one. A config is { source, rates, kind, keepalive,
+-- spec, more }: rates are { rate, interval, burst, buckets } each, the
+-- config's own first; spec, its calendar rates as the hash's field keeps
+-- them; more, its further rates as the hash's field keeps them.
+local configs = {}
+
+-- rates_of parses a config's rates (its own, then more's, four numbers
+-- each), or returns nil for rates a config could not hold: Go checks what
+-- it sends, but a stored field may hold anything. Each match starts where
+-- the last one ended, so the checks cover every byte.
+local function rates_of(rate, interval, burst, buckets, more)
+  if not (rate and interval and rate % 1 + interval % 1 + burst % 1 + buckets % 1 == 0
+        and rate >= 1 and interval >= 1 and interval <= MAX and rate <= interval * 1000
+        and burst >= 0 and burst <= MAX and buckets >= 0 and buckets <= MAX_BUCKETS
+        and (buckets == 0 and DEFAULT_BUCKETS or buckets) <= interval) then
+    return nil
+  end
+  local rates = { { rate, interval, burst == 0 and rate or burst, buckets == 0 and DEFAULT_BUCKETS or buckets } }
+  if more and more ~= '' then
+    if string.byte(more, -1) == 32 then return nil end -- a trailing space
+    local last = 0
+    while last < #more do
+      local _, r, i, b, bk
+      _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', last + 1)
+      if not last or #rates == MAX_RATES then
+        return nil
+      end
+      r, i, b, bk = r + 0, i + 0, b + 0, bk + 0
+      if not (r >= 1 and r <= i * 1000 and i <= MAX and b <= MAX and bk <= MAX_BUCKETS
+            and (bk == 0 and DEFAULT_BUCKETS or bk) <= i) then
+        return nil
+      end
+      rates[#rates + 1] = { r, i, b == 0 and r or b, bk == 0 and DEFAULT_BUCKETS or bk }
+    end
+  end
+  return rates
+end
+
+-- given parses a config the client sent (CONFIG_ARG's fields, then
+-- '@' and its calendar rates, then its further rates), once per call.
+local function given(arg)
+  local cfg = configs[arg]
+  if cfg then
+    return cfg
+  end
+  local source, r, i, kind, b, bk, ka, rest = string.match(arg, CONFIG_ARG)
+  local spec = nil
+  if string.byte(rest, 1) == 64 then -- '@': calendar rates
+    spec, rest = string.match(rest, '^@(%S+) ?(.*)$')
+  end
+  cfg = { source = source, rates = rates_of(r + 0, i + 0, b + 0, bk + 0, rest), kind = kind + 0,
+    keepalive = ka + 0, spec = spec, more = rest }
+  configs[arg] = cfg
+  return cfg
+end
+
+-- stored reads the config the limiter's hash holds (HMGET's fields, in
+-- HASH_FIELDS' order), or returns nil for one this algorithm cannot use
+-- (admin.lua's diagnose names the culprit).
+local function stored(f, info)
+  local rate, interval, kind, keepalive = tonumber(f[H_RATE]), tonumber(f[H_INTERVAL]),
+      tonumber(f[H_TYPE] or 0), tonumber(f[H_KEEPALIVE] or 0)
+  if (f[H_ALGORITHM] or 'tokenbucket') ~= info.name or not (kind and keepalive
+        and kind % 1 + keepalive % 1 == 0 and (kind == 0 or kind == 1) and keepalive >= 0 and keepalive <= MAX
+        and (not info.records or rate and rate <= 4294967295)) then
+    return nil
+  end
+  local burst, buckets, spec = 0, 0, nil
+  local own = f[H_OWN]
+  if info.own == 'burst' then
+    burst = tonumber(own or 0)
+  elseif info.own == 'buckets' then
+    buckets = tonumber(own or 0)
+  elseif info.own == 'calendar' and own and own ~= '' then
+    spec = own
+  end
+  if not (burst and buckets) then
+    return nil
+  end
+  local rates = rates_of(rate, interval, burst, buckets, f[H_MORE])
+  if not rates then
+    return nil
+  end
+  return { rates = rates, kind = kind, keepalive = keepalive, spec = spec, more = f[H_MORE],
+    shadow = f[H_SHADOW] == '1' and 1 or 0 }
+end
+
+-- read_limiter reads the limiter's key. It is a hash (a stored config, or
+-- state fields: Throttle's, or a default's written before the config) or,
+-- for an algorithm whose Overall state is fields (in_config), while no
+-- config is stored, a flat state: the Overall state as a string (each
+-- rate's fields space-separated, ';' between rates), which GET reads and
+-- SET … PX writes at less cost than HMGET, HSET and PEXPIRE; or, while no
+-- config is stored and the state is elsewhere (the token bucket's, any
+-- PerClient state), a marker: the algorithm's name, expiring with that
+-- state. The read the client expects is tried first (a default whose last
+-- decision met no hash reads a string, any other request a hash), and a
+-- wrong guess costs a failed command: the reply's kind tells the client
+-- what was found, so that its next guess is right.
+-- It returns f, the hash's fields (HASH_FIELDS, then the first rate's state
+-- fields), or nil; flat, a string, or nil.
+local function read_limiter(key, info, hash_first)
+  if not hash_first then
+    local got = redis.pcall('GET', key)
+    if not got then
+      return nil, nil
+    elseif not got.err then
+      return nil, got
+    end
+  end
+  local f = redis.pcall('HMGET', key, unpack(info.hash_read))
+  if not f.err then
+    return f, nil
+  elseif redis.call('TYPE', key).ok == 'string' then
+    return nil, redis.call('GET', key)
+  end
+  corrupt(key, f.err)
+end
+
+-- The request now being decided: its keys and arguments are KEYS[k + i] and
+-- ARGV[a + i], its arguments up to a + na.
+local k, a, na = 0, 0, 0
+
+local function arg(i)
+  if i <= na then
+    return ARGV[a + i]
+  end
+  return nil
+end
+
+-- A request's rates, decided: each rate's table s holds its config (rate,
+-- interval in ms, burst, buckets; K, the suffix of its state fields, '' for
+-- the config's own rate; edges, a calendar rate's windows; where, the key
+-- holding it) and what its algorithm's functions put there.
+local function rate_tables(cfg, calendar, where, keys, longest)
+  local list = {}
+  for i, r in ipairs(cfg.rates) do
+    local K = RATE_SUFFIX[i]
+    list[i] = { rate = r[1], interval = r[2], burst = r[3], buckets = r[4], K = K, edges = calendar and calendar[K],
+      where = where, keys = keys, longest = longest }
+  end
+  return list
+end
+
+-- request_log: with WithRetryWindow, the log remembers each request id for
+-- its window (LOG_WINDOW, ms), so that a script go-redis re-sends after a
+-- read timeout counts once; a reservation's id stays there while it may be
+-- released, and its release removes it.
+local function logged(key, id)
+  local seen = redis.pcall('ZSCORE', key, id)
+  if type(seen) == 'table' and seen.err then
+    corrupt(key, seen.err)
+  end
+  return seen ~= false and seen ~= nil
+end
+
+local function log_request(key, id, now_ms, window)
+  redis.call('ZADD', key, 'NX', string.format('%d', now_ms + window), id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_ms))
+  redis.call('PEXPIRE', key, window)
+end
+
+-- The decision of one request (its algorithm name, op), or nil for a config
+-- it refuses.
+local function decide(name, op)
+  local info, alg = ALGORITHMS[name], module(name)
+  local now = clock(ARGV[a + A_NOW])
+  local now_ms = (now - now % 1000) / 1000
+  local config_arg = ARGV[a + A_CONFIG]
+  local source = string.match(config_arg, '^%a+') or ''
+  local has_clients = na >= A_CLIENT_ID -- sent the whole key list
+  local key1 = KEYS[k + 1]
+
+  -- Read: the config, stored (and sound) or given.
+  local f, flat = read_limiter(key1, info, source ~= SOURCE_DEFAULT)
+  local none, marked = not f and not flat, false
+  if flat and string.find(flat, info.foreign) then
+    -- One algorithm's state is never counted by another: a string another
+    -- wrote goes to admin.lua, which names it. This algorithm's marker says
+    -- only that its state is elsewhere: none here.
+    if flat ~= name then
+      return nil
+    end
+    flat, none, marked = nil, true, true
+  end
+  local cfg, hash, shadow = nil, f ~= nil, 0
+  if f and (f[H_RATE] or f[H_INTERVAL] or f[H_ALGORITHM]) then
+    cfg = stored(f, info)
+    if not cfg then
+      return nil
+    end
+    shadow = cfg.shadow
+  end
+  local is_stored = cfg ~= nil
+  if config_arg ~= '' and (not cfg or source == SOURCE_FIXED) then
+    cfg = given(config_arg)
+    if not cfg.rates then
+      return nil
+    end
+  end
+  if not cfg then
+    return nil -- not initialized: admin.lua says so
+  end
+  if f and not is_stored and cfg.source ~= SOURCE_FIXED and not (info.in_config and (f[info.state_at] or f[info.state_at + 1])) then
+    -- A default that found a hash with neither config nor state of its own
+    -- (its first rate's): if the key is not there at all, nothing is (the
+    -- state is written flat, or the marker); a hash of another algorithm's
+    -- state fields (as Throttle leaves a funnel's) goes to admin.lua. Not on
+    -- the usual paths.
+    if redis.call('EXISTS', key1) == 0 then
+      f, none, hash = nil, true, false
+    else
+      local g = redis.call('HMGET', key1, unpack(STATE_FIELDS))
+      for i = 1, #STATE_FIELDS do
+        if g[i] then return nil end
+      end
+    end
+  end
+  local kind, rates = cfg.kind, cfg.rates
+  if kind == 1 and not has_clients then
+    return REPLY_PERCLIENT -- sent with the short key list: the client sends them all from now on
+  end
+  -- Calendar rates count in windows whose edges Go sent (CALENDAR); a
+  -- request that sent none, or another config's, is told which to send.
+  local calendar = nil
+  if cfg.spec then
+    if not info.calendar then
+      return nil
+    end
+    local sent, edges = string.match(arg(A_CALENDAR) or '', '^(%S+) (.*)$')
+    if sent ~= cfg.spec then
+      return REPLY_CALENDAR .. cfg.spec
+    end
+    local list, at = {}, 0
+    for edge in string.gmatch(edges, '%d+') do list[#list + 1] = edge + 0 end
+    calendar = {}
+    for place in string.gmatch(cfg.spec, '(%d+)=') do
+      if place + 0 > #rates then
+        return nil -- a rate the config does not have (admin.lua names it)
+      end
+      calendar[RATE_SUFFIX[place + 0]] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
+      at = at + 4
+    end
+  end
+
+  -- Read: every rate's state. Where it is: the Overall state of an
+  -- in_config algorithm in the limiter's key (fields of its hash, or the
+  -- flat state), a client's in a hash of its own; the token bucket's in
+  -- keys of its own.
+  local where, keys = key1, nil
+  if kind == 1 then
+    local first = k + info.requests + 1
+    if info.in_config then
+      where = KEYS[first]
+    else
+      keys = { KEYS[first], KEYS[first + 1], KEYS[first + 2] }
+    end
+  elseif not info.in_config then
+    keys = { KEYS[k + 2], KEYS[k + 3], KEYS[k + 4] }
+  end
+  local longest = 0
+  for i = 2, #rates do
+    if rates[i][2] > longest then longest = rates[i][2] end
+  end
+  local list = rate_tables(cfg, calendar, where, keys, longest)
+  local flat_write = info.in_config and not f and kind == 0
+  local rest = nil -- a flat state's parts beyond this config's rates, kept
+  if info.in_config then
+    local values = {}
+    local nf = #info.fields
+    if where ~= key1 or (f and #list > 1) then
+      local names = {}
+      for i = 1, #list do
+        for j = 1, nf do names[#names + 1] = info.fields[j] .. RATE_SUFFIX[i] end
+      end
+      local g = redis.pcall('HMGET', where, unpack(names))
+      if g.err then corrupt(where, g.err) end
+      values = g
+    elseif f then
+      values = { f[info.state_at], f[info.state_at + 1] }
+    elseif flat then
+      local i, from = 0, 1
+      while from <= #flat + 1 do
+        local cut = string.find(flat, ';', from, true) or #flat + 1
+        i = i + 1
+        if i > #list then
+          rest = string.sub(flat, from)
+          break
+        end
+        local part = string.sub(flat, from, cut - 1)
+        if part ~= '' then
+          if nf == 1 then
+            values[(i - 1) * nf + 1] = part
+          else
+            local v1, v2 = string.match(part, '^(%S*) ?(.*)$')
+            values[(i - 1) * nf + 1], values[(i - 1) * nf + 2] = v1, v2
+          end
+        end
+        from = cut + 1
+      end
+    end
+    for i, s in ipairs(list) do
+      alg.load(s, values[(i - 1) * nf + 1], values[(i - 1) * nf + 2], now)
+    end
+  else
+    for i, s in ipairs(list) do
+      if i == 1 then alg.load(s, nil, nil, now) else alg.FURTHER.load(s, nil, nil, now) end
+    end
+  end
+  local function step(i)
+    return i == 1 and alg or alg.FURTHER or alg
+  end
+
+  -- Decide, in the rates' tables.
+  local id, log_window = arg(A_ID), arg(A_LOG_WINDOW)
+  local LOG = log_window ~= nil and log_window ~= ''
+  local requests = has_clients and KEYS[k + info.requests] or nil
+  local charge, permits, least = op == OP_CHARGE, tonumber(ARGV[a + A_PERMITS]), nil
+  if op == OP_RESERVE then
+    least = tonumber(arg(A_LEAST))
+  end
+  local allowed, retry, bound, back, counted, resent = 0, 0, 0, 0, false, false
+  local wrote = false
+  if op == OP_RELEASE then
+    -- A reservation's release names its id, which the reservation left in
+    -- the request log: it gives back once, and nothing after whatever
+    -- forgot the log (Reset, Delete, new rates: the state its grant was
+    -- counted in is gone, or counts otherwise).
+    if requests and logged(requests, id) then
+      local at, size, given = tonumber(arg(A_GRANT_AT)), tonumber(arg(A_GRANT_SIZE)), nil
+      for i, s in ipairs(list) do
+        local b = step(i).release(s, permits, at, size, now)
+        if not given or b < given then given = b end
+      end
+      back, wrote = given or 0, true
+    end
+  else
+    -- weigh decides permits on every rate: a request is granted only if
+    -- every rate allows it; a denial is bound by the longest wait, or by the
+    -- first rate that can never grant so many.
+    local function weigh(n)
+      local most = nil
+      retry, bound = 0, 0
+      for i, s in ipairs(list) do
+        if n > step(i).capacity(s) and not charge then
+          retry, bound = -1, i - 1
+          return
+        end
+        local wait = charge and 0 or (n > 0 and step(i).wait(s, n, now) or 0)
+        if not most or wait > most then
+          most = wait
+          if wait > 0 then bound = i - 1 end
+        end
+      end
+      if most > 0 then retry = most else allowed = 1 end
+    end
+    weigh(permits)
+    if allowed == 0 and least and retry ~= -1 and least < permits then
+      -- A reservation that does not fit whole takes as many as fit now, if
+      -- that is least or more: the rates' least remaining.
+      local fit = nil
+      for i, s in ipairs(list) do
+        local r = math.max(0, math.min(step(i).report(s, now), step(i).capacity(s)))
+        if not fit or r < fit then fit = r end
+      end
+      if fit >= least then
+        permits = fit
+        weigh(permits)
+      end
+    end
+    if allowed == 1 and permits > 0 then
+      if LOG and logged(requests, id) then
+        resent = true -- a re-sent script whose first run was granted: counted already
+      else
+        for i, s in ipairs(list) do
+          local ok, why = step(i).commit(s, permits, now, id)
+          if not ok then
+            fail(E_PERMITS .. ' ' .. string.format('%d', permits) .. ': ' .. (why or 'a debt past what the state holds exactly'))
+          end
+        end
+        counted = true
+      end
+    elseif allowed == 0 and retry ~= -1 and permits > 0
+        and (info.records and alg.resent(list[1], id) or LOG and logged(requests, id)) then
+      allowed, retry, resent = 1, 0, true -- a re-sent script whose first run was granted
+    end
+  end
+
+  -- Write.
+  local config_key = is_stored and cfg.keepalive == 0 and key1 or nil
+  local reset = 0
+  if not info.in_config then
+    -- The token bucket writes its own state: a grant, a release, or a cache
+    -- a request for permits found wrong (a peek writes nothing).
+    if wrote or op ~= OP_RELEASE and permits > 0 then
+      counted = alg.write(list[1], now, config_key) and counted
+      for i = 2, #list do
+        if counted or wrote then alg.FURTHER.write(list[i], now, config_key) end
+      end
+    end
+  end
+  -- life: how long a grant counts at most (ms), its rates' longest
+  -- interval, or the time a funnel takes to drain when its burst exceeds
+  -- its rate.
+  local life = 0
+  for _, r in ipairs(rates) do
+    life = math.max(life, r[2], r[3] * r[2] / r[1])
+  end
+  life = life + (-life) % 1
+  if LOG and counted then
+    -- A reservation's id stays while its grant may be released.
+    log_request(requests, id, now_ms, op == OP_RESERVE and math.max(log_window + 0, life) or log_window)
+  elseif wrote then
+    redis.call('ZREM', requests, id)
+  end
+  local remaining = nil
+  for i, s in ipairs(list) do
+    local r, t = step(i).report(s, now)
+    local limit = step(i).capacity(s)
+    if r > limit then r = limit elseif r < 0 then r = 0 end
+    if not remaining or r < remaining then
+      remaining = r
+      if allowed == 1 and i > 1 then bound = i - 1 end
+    end
+    if t > reset then reset = t end
+    s.remaining = r
+  end
+  local ms = (reset + (-reset) % 1000) / 1000
+  if ms < 1 then ms = 1 end
+  if info.in_config and (counted or wrote) then
+    -- The state's fields, written where they are: a flat state with its
+    -- expiry, once; fields of a hash, with the hash's expiry moved when a
+    -- rate's moved (a stored config's own key keeps the config's expiry).
+    local moved, parts, fields, gone, empty = false, {}, {}, {}, true
+    for i, s in ipairs(list) do
+      local m, v1, v2 = alg.encode(s, now)
+      moved = moved or m
+      local names = info.fields
+      if v1 then
+        empty = false
+        parts[i] = v2 and v1 .. ' ' .. v2 or v1
+        fields[#fields + 1], fields[#fields + 2] = names[1] .. s.K, v1
+        if names[2] then fields[#fields + 1], fields[#fields + 2] = names[2] .. s.K, v2 end
+      else
+        parts[i] = ''
+        gone[#gone + 1] = names[1] .. s.K
+        if names[2] then gone[#gone + 1] = names[2] .. s.K end
+      end
+    end
+    if flat_write then
+      if rest then
+        parts[#parts + 1] = rest
+        empty = empty and not string.find(rest, '[^;]')
+      end
+      if empty then
+        if flat then redis.call('DEL', key1) end
+      else
+        local value = table.concat(parts, ';')
+        if moved then
+          redis.call('SET', key1, value, 'PX', string.format('%d', ms))
+        else
+          redis.call('SET', key1, value, 'KEEPTTL')
+        end
+      end
+    else
+      if #fields > 0 then redis.call('HSET', where, unpack(fields)) end
+      if #gone > 0 then redis.call('HDEL', where, unpack(gone)) end
+      if (moved or #list > 1) and (where ~= key1 or not is_stored) then
+        local cap = config_key and redis.call('PTTL', config_key)
+        if cap and cap > 0 and cap < ms then ms = cap end
+        redis.call('PEXPIRE', where, string.format('%d', ms))
+      end
+    end
+  end
+  -- The token bucket on a default keeps its state in keys the others never
+  -- read: its marker in the limiter's key shows them it is there, with the
+  -- read they make anyway, and expires with the state. It is written when
+  -- the state was (a grant: one command) or found missing (state from
+  -- before markers), and goes when the state does.
+  if none and not info.in_config and kind == 0 and (counted or wrote or not marked) then
+    if reset > 0 then
+      redis.call('SET', key1, name, 'PX', string.format('%d', ms))
+    elseif marked then
+      redis.call('DEL', key1)
+    end
+  end
+  if counted and kind == 1 then
+    -- The registry lets Delete, Reset and Expire reach every client's keys.
+    -- It lives as long as any client's state can: one interval, or the time
+    -- a funnel takes to drain when its burst exceeds its rate, the longest
+    -- of any rate's.
+    local registry = KEYS[k + info.registry]
+    local added = redis.pcall('ZADD', registry, now_ms, arg(A_CLIENT_ID))
+    if type(added) == 'table' then
+      corrupt(registry, added.err)
+    end
+    local life_ms = life
+    local cap = config_key and redis.call('PTTL', config_key)
+    if cap and cap > 0 and cap < life_ms then life_ms = cap end
+    redis.call('PEXPIRE', registry, life_ms)
+    -- PerClient state is in keys of each algorithm's own (and the registry,
+    -- which all share): on a default, a marker in the limiter's key as the
+    -- token bucket's, for as long as the registry lives.
+    if none then
+      redis.call('SET', key1, name, 'PX', life_ms)
+    end
+  end
+  if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= OP_RELEASE then
+    -- Every acquire keeps the config alive, granted or denied: a saturated
+    -- limiter is busy, not idle. State in the config hash keeps it alive as
+    -- long as the state counts (a funnel whose burst drains slower).
+    local ttl = cfg.keepalive
+    if info.in_config and kind == 0 and reset > ttl * 1000 then
+      ttl = ms
+    end
+    redis.call('PEXPIRE', key1, ttl)
+  end
+
+  -- Reply.
+  if op == OP_RELEASE then
+    return back
+  end
+  if resent then allowed, retry = 1, 0 end
+  local tail = ''
+  if op == OP_RESERVE then
+    -- The grant's time (a funnel's, when it starts to drain: the earliest
+    -- of its rates'), and the first of the windows it counts in to end.
+    local since, ends = nil, nil
+    for _, s in ipairs(list) do
+      if s.since and (not since or s.since < since) then since = s.since end
+      if s.ends and (not ends or s.ends < ends) then ends = s.ends end
+    end
+    local taken = (allowed == 1 and not resent) and permits or (resent and least or 0)
+    tail = string.format(RESERVE_TAIL, since or now, taken, ends and ends - now or 0)
+  end
+  if not is_stored and source ~= SOURCE_FIXED and not hash and not calendar then
+    -- A default decided and no hash holds the state: the client knows every
+    -- limit and window, and the short reply leaves them out.
+    return reply_default(allowed, remaining, retry, reset, #list > 1 and bound or nil) .. tail
+  end
+  -- The span the first rate's limit applies to: its interval (a calendar
+  -- window's own length), or the time a funnel's burst takes to drain. With
+  -- several rates, the further ones follow as the hash's field more keeps
+  -- them (the client works out their limits and windows), or, for calendar
+  -- windows, as they are now.
+  local first = list[1]
+  local limit = alg.capacity(first)
+  local window = limit * (first.length or first.interval) / first.rate
+  window = window + (-window) % 1
+  local more = nil
+  if #list > 1 then
+    more = cfg.more
+    if calendar then
+      local now_rates = {}
+      for i = 2, #list do
+        local s = list[i]
+        now_rates[#now_rates + 1] = string.format('%d %d %d %d', s.rate, s.length or s.interval, s.burst, s.buckets)
+      end
+      more = table.concat(now_rates, ' ')
+    end
+  end
+  return reply_full(hash and REPLY_HASH or REPLY_FULL, allowed, limit, remaining, retry, reset, window,
+    shadow, bound, more) .. tail
+end
+
+-- A request alone in its call is answered with its reply, and raises its
+-- errors as the call's, where Redis names the script's line (and so the
+-- command an ACL refused).
+if REQUEST_HEAD + ARGV[REQUEST_HEAD] == #ARGV then
+  na = #ARGV - REQUEST_HEAD
+  a = REQUEST_HEAD
+  return decide(ARGV[1], ARGV[2]) or REPLY_ADMIN
+end
+
+-- A batch's requests, one after another, each on its own keys and
+-- arguments; each request's error is its own reply.
+local replies, ki, ai = {}, 0, 0
+while ai < #ARGV do
+  local name, op, nk, nargs = ARGV[ai + 1], ARGV[ai + 2], ARGV[ai + 3] + 0, ARGV[ai + 4] + 0
+  k, a, na = ki, ai + REQUEST_HEAD, nargs
+  local ok, reply = pcall(decide, name, op)
+  if not ok then
+    -- Redis raises its errors as tables, the scripts theirs as strings.
+    if type(reply) == 'table' then reply = reply.err end
+    reply = { type(reply) == 'string' and reply or 'error' }
+  elseif reply == nil then
+    reply = REPLY_ADMIN
+  end
+  replies[#replies + 1] = reply
+  ki, ai = ki + nk, ai + REQUEST_HEAD + nargs
+end
+return replies
