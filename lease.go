@@ -223,7 +223,7 @@ func (s *lease) allow(ctx context.Context, l *Limiter, permits int64) (r Result,
 				return Result{}, fmt.Errorf("redlimit: %w", ctx.Err()), true
 			}
 		}
-		want := s.want(now, permits, l.alg.Records)
+		want := s.want(now, permits)
 		old := s.drop()
 		t := &taking{done: make(chan struct{})}
 		s.taking = t
@@ -309,18 +309,15 @@ func (s *lease) mostOf(r Result, permits int64) int64 {
 
 // want sizes the next block: what the last one served, scaled to a whole
 // lease time, twice over (and at least twice its size when it ran out
-// early) for room to grow, since what is not used goes back; only once
-// over for a token bucket (unrefunded: a refund would take nothing back).
-// Never fewer than permits or more than most. The lock is held.
-func (s *lease) want(now time.Time, permits int64, unrefunded bool) int64 {
+// early) for room to grow, since what is not used goes back. Never fewer
+// than permits or more than most. The lock is held.
+func (s *lease) want(now time.Time, permits int64) int64 {
 	b := s.block
 	n := permits
 	if b.size > 0 {
 		lived := max(now.Sub(b.from), time.Millisecond)
 		pace := float64(b.used) * float64(s.cfg.Time) / float64(lived)
 		switch {
-		case unrefunded:
-			n = max(n, int64(pace))
 		case now.Before(b.until):
 			n = max(n, int64(2*pace), 2*b.size) // it ran out early
 		default:

@@ -191,11 +191,9 @@ local function read_limiter(key, info, hash_first)
   corrupt(key, f.err)
 end
 
--- The request now being decided: its keys and arguments are KEYS[k + i] and
--- ARGV[a + i], its arguments up to a + na.
-local k, a, na = 0, 0, 0
-
-local function arg(i)
+-- arg is a request's argument i, or nil when it was not sent: the
+-- request's arguments are ARGV[a + 1 .. a + na].
+local function arg(a, na, i)
   if i <= na then
     return ARGV[a + i]
   end
@@ -234,9 +232,11 @@ local function log_request(key, id, now_ms, window)
   redis.call('PEXPIRE', key, window)
 end
 
--- The decision of one request (its algorithm name, op), or nil for a config
--- it refuses.
-local function decide(name, op)
+-- The decision of one request (its algorithm name, op; its keys are
+-- KEYS[k + 1 ..], its arguments ARGV[a + 1 .. a + na]), or nil for a config
+-- it refuses. (Given as arguments, not upvalues: gopher-lua, miniredis's
+-- Lua, gives a function called by pcall stale upvalues after an error.)
+local function decide(name, op, k, a, na)
   local info, alg = ALGORITHMS[name], module(name)
   local now = clock(ARGV[a + A_NOW])
   local now_ms = (now - now % 1000) / 1000
@@ -301,7 +301,7 @@ local function decide(name, op)
     if not info.calendar then
       return nil
     end
-    local sent, edges = string.match(arg(A_CALENDAR) or '', '^(%S+) (.*)$')
+    local sent, edges = string.match(arg(a, na, A_CALENDAR) or '', '^(%S+) (.*)$')
     if sent ~= cfg.spec then
       return REPLY_CALENDAR .. cfg.spec
     end
@@ -386,12 +386,12 @@ local function decide(name, op)
   end
 
   -- Decide, in the rates' tables.
-  local id, log_window = arg(A_ID), arg(A_LOG_WINDOW)
+  local id, log_window = arg(a, na, A_ID), arg(a, na, A_LOG_WINDOW)
   local LOG = log_window ~= nil and log_window ~= ''
   local requests = has_clients and KEYS[k + info.requests] or nil
   local charge, permits, least = op == OP_CHARGE, tonumber(ARGV[a + A_PERMITS]), nil
   if op == OP_RESERVE then
-    least = tonumber(arg(A_LEAST))
+    least = tonumber(arg(a, na, A_LEAST))
   end
   local allowed, retry, bound, back, counted, resent = 0, 0, 0, 0, false, false
   local wrote = false
@@ -401,7 +401,7 @@ local function decide(name, op)
     -- forgot the log (Reset, Delete, new rates: the state its grant was
     -- counted in is gone, or counts otherwise).
     if requests and logged(requests, id) then
-      local at, size, given = tonumber(arg(A_GRANT_AT)), tonumber(arg(A_GRANT_SIZE)), nil
+      local at, size, given = tonumber(arg(a, na, A_GRANT_AT)), tonumber(arg(a, na, A_GRANT_SIZE)), nil
       for i, s in ipairs(list) do
         local b = step(i).release(s, permits, at, size, now)
         if not given or b < given then given = b end
@@ -429,9 +429,10 @@ local function decide(name, op)
       if most > 0 then retry = most else allowed = 1 end
     end
     weigh(permits)
-    if allowed == 0 and least and retry ~= -1 and least < permits then
-      -- A reservation that does not fit whole takes as many as fit now, if
-      -- that is least or more: the rates' least remaining.
+    if allowed == 0 and least and least < permits then
+      -- A reservation that does not fit whole (now, or ever: more than a
+      -- rate's capacity) takes as many as fit now, if that is least or
+      -- more: the rates' least remaining.
       local fit = nil
       for i, s in ipairs(list) do
         local r = math.max(0, math.min(step(i).report(s, now), step(i).capacity(s)))
@@ -564,7 +565,7 @@ local function decide(name, op)
     -- a funnel takes to drain when its burst exceeds its rate, the longest
     -- of any rate's.
     local registry = KEYS[k + info.registry]
-    local added = redis.pcall('ZADD', registry, now_ms, arg(A_CLIENT_ID))
+    local added = redis.pcall('ZADD', registry, now_ms, arg(a, na, A_CLIENT_ID))
     if type(added) == 'table' then
       corrupt(registry, added.err)
     end
@@ -641,9 +642,7 @@ end
 -- errors as the call's, where Redis names the script's line (and so the
 -- command an ACL refused).
 if REQUEST_HEAD + ARGV[REQUEST_HEAD] == #ARGV then
-  na = #ARGV - REQUEST_HEAD
-  a = REQUEST_HEAD
-  return decide(ARGV[1], ARGV[2]) or REPLY_ADMIN
+  return decide(ARGV[1], ARGV[2], 0, REQUEST_HEAD, #ARGV - REQUEST_HEAD) or REPLY_ADMIN
 end
 
 -- A batch's requests, one after another, each on its own keys and
@@ -651,8 +650,7 @@ end
 local replies, ki, ai = {}, 0, 0
 while ai < #ARGV do
   local name, op, nk, nargs = ARGV[ai + 1], ARGV[ai + 2], ARGV[ai + 3] + 0, ARGV[ai + 4] + 0
-  k, a, na = ki, ai + REQUEST_HEAD, nargs
-  local ok, reply = pcall(decide, name, op)
+  local ok, reply = pcall(decide, name, op, ki, ai + REQUEST_HEAD, nargs)
   if not ok then
     -- Redis raises its errors as tables, the scripts theirs as strings.
     if type(reply) == 'table' then reply = reply.err end

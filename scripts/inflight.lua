@@ -170,4 +170,4 @@ elseif op == 'delete' then
   config() -- another algorithm's keys are not this handle's to delete
   return call(CONF, 'DEL', CONF, HOLDS) > 0 and 1 or 0
 end
-fail('unknown op ' .. tostring(op))
+fail('unknown op ' .. string.format('%q', op or ''))

@@ -363,3 +363,29 @@ func crc16(s string) uint16 {
 	}
 	return crc
 }
+
+// BatchCalls is how many calls of one group may be in flight at once, for
+// tests that hold them.
+const BatchCalls = batchCalls
+
+// Queued returns how many requests on key wait for a batch, for tests that
+// line them up.
+func (t *Transport) Queued(key string) int {
+	g := t.batches.of([]any{key})
+	if g == nil {
+		return 0
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+// BatchStatsOf returns how many batches the group of key has sent, and the
+// decisions they held.
+func (t *Transport) BatchStatsOf(key string) (calls, decisions int64) {
+	g := t.batches.of([]any{key})
+	if g == nil {
+		return 0, 0
+	}
+	return g.sizes.calls.Load(), g.sizes.decisions.Load()
+}

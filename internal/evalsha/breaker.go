@@ -47,6 +47,26 @@ type pass struct {
 	recoveries int64 // when the call was sent
 }
 
+// Probe reports whether the call is the breaker's probe.
+func (p pass) Probe() bool { return p.probe }
+
+// Enter and Leave are enter and leave, for tests that step the breaker.
+func (b *Breaker) Enter() (pass, error)                   { return b.enter() }
+func (b *Breaker) Leave(p pass, err error, decisions int) { b.leave(p, err, decisions) }
+
+// SetClock makes the breaker read now, for tests on a controlled clock.
+func (b *Breaker) SetClock(now func() time.Time) { b.now = now }
+
+// OpenFor is how long the breaker said err's call must wait for its next
+// probe, or false when err is no refusal of an open breaker.
+func OpenFor(err error) (time.Duration, bool) {
+	var open *breakerOpenError
+	if !errors.As(err, &open) {
+		return 0, false
+	}
+	return open.wait, true
+}
+
 // enter lets a call go to Redis, or returns the error to answer it with.
 func (b *Breaker) enter() (pass, error) {
 	if b == nil {

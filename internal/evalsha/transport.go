@@ -47,7 +47,10 @@ func (t *Transport) Run(ctx context.Context, s *Script, keys, args []any) (any, 
 // each. head goes before args: a lone decision's request head.
 func (t *Transport) run(ctx context.Context, decisions int, s *Script, keys, head, args []any) (any, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("redlimit: %w", err)
+		// Not sent: the breaker learns nothing. A deadline that passed
+		// while the call waited for its batch is an outage, as one that
+		// passes while Redis does not answer.
+		return nil, Classify(ctx, err, keys)
 	}
 	pass, err := t.breaker.enter()
 	if err != nil {
