@@ -36,6 +36,9 @@ type Calendar struct {
 
 // PerDay returns a config granting n permits per calendar day in loc, from
 // one local midnight to the next (23 or 25 hours on the days clocks change).
+// A day begins at the first instant whose local date is that day: the
+// first of two midnights where the clocks go back to one, the end of the
+// gap where they skip it. Weeks and months begin as their first day does.
 func PerDay(n int64, loc *time.Location) Config {
 	return Calendar{Period: Daily, Location: loc}.rate(n)
 }
@@ -65,9 +68,12 @@ func (c Calendar) rate(n int64) Config {
 // longest is the longest window of c's period, and the Interval of its
 // rate: what a rate of the same Interval is compared with (a longer one must
 // grant more), and what the CLI shows. A day or a week is an hour longer on
-// the day clocks go back (Australia/Lord_Howe's half hour fits in it; only
-// Antarctica/Troll's two-hour shift makes a longer one, whose windows the
-// scripts still count by their own edges).
+// the day clocks go back (Australia/Lord_Howe's half hour fits in it). A
+// shift of more than an hour makes a longer one: Antarctica/Troll's two
+// hours, and days that began at the first of two midnights when the clocks
+// went back to 00:00 from 02:00 or 03:00 (Asia/Magadan's of 26 hours in
+// 2014, Antarctica/Casey's of 27 in 2010). The scripts count those by their
+// own edges all the same.
 func (c Calendar) longest() time.Duration {
 	switch c.Period {
 	case Daily:
@@ -128,48 +134,149 @@ var sameZoneProbes = func() []time.Time {
 
 // window returns the calendar window that holds t: [start, end).
 func (c Calendar) window(t time.Time) (start, end time.Time) {
-	y, m, d := t.In(c.Location).Date()
+	first := c.firstOf(c.localDate(t))
+	next := c.following(first)
+	start, end = c.begins(first), c.begins(next)
+	// Where the clocks go back across midnight, the date goes back with
+	// them (America/Goose_Bay until 2010: 00:01 to 23:01): t can read a date
+	// earlier than the window that holds it, which began at the first
+	// midnight.
+	for !t.Before(end) {
+		first, next = next, c.following(next)
+		start, end = end, c.begins(next)
+	}
+	return start, end
+}
+
+// date is a calendar date as a count of days from 1970-01-01, so that a
+// week is 7 of them and a local clock reading (Unix seconds plus the
+// offset) divides into one.
+type date int64
+
+const secondsPerDay = 24 * 60 * 60
+
+func dateOf(y int, m time.Month, d int) date {
+	return date(time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() / secondsPerDay)
+}
+
+func (d date) ymd() (int, time.Month, int) {
+	return time.Unix(int64(d)*secondsPerDay, 0).UTC().Date()
+}
+
+func (d date) weekday() time.Weekday {
+	return time.Weekday((int64(d)%7 + 7 + int64(time.Thursday)) % 7) // 1970-01-01 was a Thursday
+}
+
+func daysInMonth(y int, m time.Month) int {
+	return time.Date(y, m+1, 0, 0, 0, 0, 0, time.UTC).Day()
+}
+
+// localDate is the date t reads in c's zone.
+func (c Calendar) localDate(t time.Time) date {
+	_, offset := t.In(c.Location).Zone()
+	wall := t.Unix() + int64(offset)
+	d := wall / secondsPerDay
+	if wall%secondsPerDay < 0 {
+		d-- // before 1970: round down, not toward zero
+	}
+	return date(d)
+}
+
+// firstOf is the first date of the window that holds date d: d itself, the
+// weekday on or before it, or the billing day of its month or the month
+// before (a month shorter than Day bills on its last day).
+func (c Calendar) firstOf(d date) date {
 	switch c.Period {
-	case Daily:
-		return c.midnight(y, m, d), c.midnight(y, m, d+1)
 	case Weekly:
-		back := (int(t.In(c.Location).Weekday()) - int(c.Weekday) + 7) % 7
-		return c.midnight(y, m, d-back), c.midnight(y, m, d-back+7)
+		return d - date((d.weekday()-c.Weekday+7)%7)
 	case Monthly:
-		start = c.billing(y, m)
-		if t.Before(start) {
-			return c.billing(y, m-1), start
+		y, m, day := d.ymd()
+		if billing := min(c.Day, daysInMonth(y, m)); day >= billing {
+			return dateOf(y, m, billing)
 		}
-		return start, c.billing(y, m+1)
+		return dateOf(y, m-1, min(c.Day, daysInMonth(y, m-1)))
 	}
-	return t, t
+	return d
 }
 
-// midnight is the first instant of a local day (d may run past the month's
-// end, as time.Date allows). Where the clocks skip midnight, 00:00 does not
-// exist, and time.Date may answer an hour of the day before: the day then
-// begins when the gap ends, found in steps of 15 minutes (every offset in
-// the zone database is a whole number of them). A date the zone skipped
-// whole (Pacific/Apia's 30 December 2011) begins where the next one does.
-func (c Calendar) midnight(y int, m time.Month, d int) time.Time {
-	want := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
-	t := time.Date(y, m, d, 0, 0, 0, 0, c.Location)
-	for {
-		ly, lm, ld := t.In(c.Location).Date()
-		if !time.Date(ly, lm, ld, 0, 0, 0, 0, time.UTC).Before(want) {
-			return t
+// following is the first date of the window after the one first starts.
+func (c Calendar) following(first date) date {
+	switch c.Period {
+	case Weekly:
+		return first + 7
+	case Monthly:
+		y, m, _ := first.ymd()
+		return dateOf(y, m+1, min(c.Day, daysInMonth(y, m+1)))
+	}
+	return first + 1
+}
+
+// begins is the first instant whose local date is d or later: d's first
+// midnight where the clocks repeat it, the end of the gap where they skip
+// it, and where they skip d whole (Pacific/Apia's 30 December 2011), the
+// start of the next date they have. time.Date cannot say: it picks one of
+// two midnights by a guess (the later one east of UTC), and in a gap an
+// instant before it.
+//
+// It is found on real instants: between two of the zone's transitions the
+// local clock runs with UTC at one offset, so in each such stretch it first
+// reads d's midnight at a known instant, if that falls in the stretch. The
+// stretches are walked in order from one where the clock still reads an
+// earlier date; the first that reaches d has the answer (at its start, if
+// a transition jumped the clock past midnight).
+func (c Calendar) begins(d date) time.Time {
+	midnight := int64(d) * secondsPerDay // of the local clock
+	// Offsets are under 26 hours (RFC 8536 asks it of zone files), so 26
+	// hours before midnight UTC the clock reads an earlier date; should a
+	// zone stray further, the walk starts a day earlier.
+	from := time.Unix(midnight-26*60*60, 0).In(c.Location)
+	for t := from; ; {
+		offset, end := stretch(t)
+		at := time.Unix(midnight-int64(offset), 0).In(c.Location)
+		switch {
+		case at.After(t) && (end.IsZero() || at.Before(end)):
+			return at
+		case !at.After(t) && t.Equal(from):
+			from = from.Add(-24 * time.Hour)
+			t = from
+		case !at.After(t):
+			return t // the transition at t moved the clock past midnight
+		default:
+			t = end
 		}
-		t = t.Add(15 * time.Minute)
 	}
 }
 
-// billing is the start of month m's window: its Day, or its last day when
-// it is shorter.
-func (c Calendar) billing(y int, m time.Month) time.Time {
-	first := time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
-	days := first.AddDate(0, 1, -1).Day()
-	y, m = first.Year(), first.Month()
-	return c.midnight(y, m, min(c.Day, days))
+// stretch returns the zone's offset at t and the end of the stretch of
+// time that keeps it from t on: the next transition, or the zero Time if
+// there is none.
+func stretch(t time.Time) (offset int, end time.Time) {
+	_, offset = t.Zone()
+	if _, end = t.ZoneBounds(); end.IsZero() || end.After(t) {
+		return offset, end
+	}
+	// Past a zone's last listed transition Go works the bounds out from its
+	// rule, and on the last UTC day of a leap year answers an end before t
+	// (golang/go#81583; in Go's own slim zone files, which time/tzdata
+	// embeds, America/New_York's rule serves every year since 2008, in a
+	// fat /usr/share/zoneinfo from 2038). There, look a quarter of an hour on:
+	// no zone changes its offset twice within one, so an instant there with
+	// t's offset had it all along; with another, the change is found by
+	// halving, to the second (transitions fall on whole seconds).
+	const step = 15 * 60
+	lo, hi := t.Unix(), t.Unix()+step
+	if _, o := time.Unix(hi, 0).In(t.Location()).Zone(); o == offset {
+		return offset, time.Unix(hi, 0).In(t.Location())
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if _, o := time.Unix(mid, 0).In(t.Location()).Zone(); o == offset {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return offset, time.Unix(hi, 0).In(t.Location())
 }
 
 // spec names c for the scripts and the config hash: "period:anchor:zone",

@@ -69,6 +69,37 @@ func TestCalendarDay(t *testing.T) {
 	})
 }
 
+// Amman's clocks went back from 01:00 +03 to 00:00 +02 at 22:00 UTC on 28
+// October 2021: midnight came twice, east of UTC. The 29th began at the
+// first and lasted 25 hours, so a request at the first 00:30 counts in the
+// 29th, not in the 28th, and its day resets at the 30th's midnight, 24½
+// hours on; the second 00:30 is the same day.
+func TestCalendarRepeatedMidnight(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		amman := zone(t, "Asia/Amman")
+		clk := newClock()
+		l := newClient(rdb, clk).FixedWindow(uniqueName(t)).WithDefault(PerDay(2, amman))
+		// Noon on the 28th (09:00 UTC): its day runs to the first midnight, 21:00 UTC.
+		clk.Set(time.Date(2021, 10, 28, 9, 0, 0, 0, time.UTC))
+		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 0, ResetAfter: 12 * time.Hour, Window: 24 * time.Hour}, allow(t, l, 2))
+		assert.False(t, allow(t, l, 1).Allowed, "the 28th's are taken")
+
+		clk.Set(time.Date(2021, 10, 28, 21, 30, 0, 0, time.UTC)) // 00:30 +03
+		day := 25 * time.Hour
+		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 1, ResetAfter: day - 30*time.Minute, Window: day}, allow(t, l, 1),
+			"the first 00:30 is the 29th's")
+		ttl := rdb.PTTL(context.Background(), l.Name()).Val()
+		assert.InDelta(t, day-30*time.Minute, ttl, float64(time.Second), "the state expires at the 30th's midnight")
+		clk.Set(time.Date(2021, 10, 28, 22, 30, 0, 0, time.UTC)) // 00:30 +02
+		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 0, ResetAfter: day - 90*time.Minute, Window: day}, allow(t, l, 1),
+			"the second 00:30 is the same day")
+		assert.Equal(t, Result{Limit: 2, RetryAfter: day - 90*time.Minute, ResetAfter: day - 90*time.Minute, Window: day}, allow(t, l, 1))
+
+		clk.Set(time.Date(2021, 10, 29, 22, 0, 0, 0, time.UTC)) // midnight of the 30th, +02
+		assert.Equal(t, int64(2), allow(t, l, 0).Remaining, "the 30th grants its Limit")
+	})
+}
+
 // A monthly quota from a billing day of the 31st, with a rate per second
 // beside it: each month's window starts on the 31st or, in a shorter month,
 // on its last day, at Berlin's midnight; both rates hold, and the answer
