@@ -84,11 +84,20 @@ type Option interface{ apply(*options) }
 type ClientOption interface{ applyClient(*clientOptions) }
 
 // KeyFunc names the caller a call counts against; the limiter is
-// limiterFor(method, key). An error fails the call whatever FailOpen says
-// (the key comes from the call, and failing open would let a caller skip
-// the limit by leaving out what the key is made of): with the error's own
-// code when it is a gRPC status (status.FromError), else with
-// codes.InvalidArgument.
+// limiterFor(method, redlimit.KeyPart(key)). An error fails the call
+// whatever FailOpen says (the key comes from the call, and failing open
+// would let a caller skip the limit by leaving out what the key is made
+// of): with the error's own code when it is a gRPC status
+// (status.FromError), else with codes.InvalidArgument.
+//
+// The key is the caller's text (metadata, a claim), so the interceptors
+// escape it with redlimit.KeyPart before limiterFor sees it, whatever the
+// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
+// redlimit.MaxKeyPart bytes. A caller can then neither fail the call (a '{'
+// of its own would make an invalid name: codes.Internal for every such
+// call), nor choose the hash tag, and so the Redis Cluster slot, of its
+// limiter, nor make a key as long as its metadata. Keys as PeerIP makes
+// them, and ordinary ones ("alice@example.com"), pass unchanged.
 type KeyFunc func(ctx context.Context, method string) (string, error)
 
 // PermitsFunc is how many permits a call takes. method is the full method
@@ -192,7 +201,8 @@ func (o ErrorHook) applyClient(opts *clientOptions)   { opts.hook = o }
 func onePermit(context.Context, string, any) int64 { return 1 }
 
 // UnaryServerInterceptor takes permits from limiterFor(method, key) for each
-// unary call, key naming its caller (KeyFunc). limiterFor returns a
+// unary call, key naming its caller (KeyFunc), escaped by redlimit.KeyPart
+// so that it is safe in a limiter name as it is. limiterFor returns a
 // *redlimit.Limiter, or any Allower (a wrapper, a fake in tests): L is
 // inferred from it. A Limiter is one named limit,
 // so limiterFor returns a handle per key (and per method, for limits that
@@ -274,13 +284,9 @@ func decide[L interface {
 	if !bool(o.limitAll) && grpcService(method) {
 		return nil
 	}
-	key, err := o.key(ctx, method)
+	key, err := o.callKey(ctx, method)
 	if err != nil {
-		o.report(ctx, method, err)
-		if st, ok := status.FromError(err); ok {
-			return st.Err()
-		}
-		return status.Error(codes.InvalidArgument, err.Error())
+		return err
 	}
 	limiter := limiterFor(method, key)
 	var none L
@@ -306,6 +312,21 @@ func decide[L interface {
 		return denied(res)
 	}
 	return nil
+}
+
+// callKey is the KeyFunc's key, escaped: the one place a key from a call
+// becomes part of a limiter name, so that no KeyFunc, ours or the caller's,
+// can skip it. An error is the status to end the call with.
+func (o *options) callKey(ctx context.Context, method string) (string, error) {
+	key, err := o.key(ctx, method)
+	if err != nil {
+		o.report(ctx, method, err)
+		if st, ok := status.FromError(err); ok {
+			return "", st.Err()
+		}
+		return "", status.Error(codes.InvalidArgument, err.Error())
+	}
+	return redlimit.KeyPart(key), nil
 }
 
 // failed maps an error from the limiter to the call's status; nil lets the

@@ -102,9 +102,19 @@ type options struct {
 }
 
 // KeyFunc names the client a request counts against: the limiter used is
-// limiterFor(key). An error rejects the request with 400 Bad Request, whatever
-// FailOpen says: the key comes from the request, and failing open would let a
-// client skip the limit by leaving out what the key is made of.
+// limiterFor(redlimit.KeyPart(key)). An error rejects the request with 400
+// Bad Request, whatever FailOpen says: the key comes from the request, and
+// failing open would let a client skip the limit by leaving out what the key
+// is made of.
+//
+// The key is the client's text (a header, a claim), so the middleware
+// escapes it with redlimit.KeyPart before limiterFor sees it, whatever the
+// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
+// redlimit.MaxKeyPart bytes. A client can then neither fail the request (a
+// '{' of its own would make an invalid name: a 500 for every such request),
+// nor choose the hash tag, and so the Redis Cluster slot, of its limiter,
+// nor make a key as long as its header. Keys as ClientIP makes them, and
+// ordinary ones ("alice@example.com"), pass unchanged.
 type KeyFunc func(r *http.Request) (string, error)
 
 // PermitsFunc is how many permits a request takes. Zero lets it through and
@@ -204,7 +214,9 @@ type Allower interface {
 // (the next handler, DeniedHandler, ErrorHandler) read it with FromContext.
 type Decision struct {
 	Policy string // the PolicyName
-	Key    string // what the KeyFunc returned; "" when it failed
+	// Key is what limiterFor was given: the KeyFunc's key through
+	// redlimit.KeyPart, so safe to log; "" when the KeyFunc failed.
+	Key string
 	// Result is the limiter's answer: zero when there is none (Err is set),
 	// Limit 0 when a Client made WithFailOpen granted without Redis.
 	Result redlimit.Result
@@ -224,7 +236,8 @@ func FromContext(ctx context.Context) (Decision, bool) {
 }
 
 // New returns middleware that takes permits from limiterFor(key) for each
-// request, key naming its client (KeyFunc). limiterFor returns a
+// request, key naming its client (KeyFunc), escaped by redlimit.KeyPart so
+// that it is safe in a limiter name as it is. limiterFor returns a
 // *redlimit.Limiter, or any Allower (a wrapper, a fake in tests): L is
 // inferred from it. A Limiter is one named limit, so limiterFor returns a
 // handle per key. Handles hold no state and cost no round
@@ -265,9 +278,7 @@ func New[L interface {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d := Decision{Policy: string(o.policy)}
-			d.Key, d.Err = o.key(r)
-			if d.Err != nil {
-				d.Key = ""
+			if d.Key, d.Err = o.requestKey(r); d.Err != nil {
 				o.fail(w, r, d, http.StatusBadRequest)
 				return
 			}
@@ -320,6 +331,17 @@ func New[L interface {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// requestKey is the KeyFunc's key, escaped: the one place a key from a
+// request becomes part of a limiter name, so that no KeyFunc, ours or the
+// caller's, can skip it.
+func (o *options) requestKey(r *http.Request) (string, error) {
+	key, err := o.key(r)
+	if err != nil {
+		return "", err
+	}
+	return redlimit.KeyPart(key), nil
 }
 
 func withDecision(r *http.Request, d Decision) *http.Request {
