@@ -19,6 +19,15 @@
 // limiter is full again, or on a denial the wait; w and t are in whole
 // seconds, rounded up.
 //
+// A call that costs more permits than the limit can ever grant (its
+// PermitsFunc above q: redlimit.ErrPermitsExceedRate) can never succeed, so
+// it is not told to come back: it ends with codes.ResourceExhausted, the
+// message "grpclimit: more permits than the rate limit grants" and no
+// RetryInfo, as the client interceptors end it, and its header metadata has
+// ratelimit-policy (q is the most a call may ask for) but no ratelimit item.
+// It takes nothing, and is the caller's doing, not an outage: ErrorHook is
+// not told.
+//
 // A limiter of several rates (redlimit.Config.And) is reported as httplimit
 // reports it: ratelimit-policy lists every rate, each named after the
 // PolicyName and its window, and ratelimit the rate that bound the decision
@@ -103,8 +112,9 @@ type KeyFunc func(ctx context.Context, method string) (string, error)
 // PermitsFunc is how many permits a call takes. method is the full method
 // name ("/package.Service/Method"); req is a unary call's request message,
 // and nil for a stream, which is decided before any message. Zero lets the
-// call through and only reports the limiter's state; a negative number is an
-// error (ErrorHook, codes.Internal).
+// call through and only reports the limiter's state; more than the limit can
+// ever grant is codes.ResourceExhausted without RetryInfo (see the package
+// doc); a negative number is an error (ErrorHook, codes.Internal).
 type PermitsFunc func(ctx context.Context, method string, req any) int64
 
 // PolicyName identifies the policy in ratelimit-policy and ratelimit. It must
@@ -128,7 +138,9 @@ type PolicyName string
 type FailOpen bool
 
 // ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
-// not of a call whose context ended first, nor of a denial. It runs on the
+// not of a call whose context ended first, nor of a denial, nor of a call
+// above the limit (redlimit.ErrPermitsExceedRate), which is the caller's to
+// fix and would let any caller fill a log. It runs on the
 // call's goroutine, so it must be quick: a log line, a counter.
 //
 // The one exception: while a Client's breaker is open
@@ -294,10 +306,14 @@ func decide[L interface {
 		return nil
 	}
 	res, err := limiter.Allow(ctx, o.permits(ctx, method, req))
-	if err == nil {
+	// A call above the limit is a decision, and the caller's to fix, not an
+	// error of ours: whether Allow says so (ErrPermitsExceedRate) or, as an
+	// Allower written before it did may, denies it with RetryAfter Never.
+	above := errors.Is(err, redlimit.ErrPermitsExceedRate) || err == nil && ratelimitfields.AboveLimit(res)
+	if err == nil || above {
 		o.breakerRun.Decided()
 	}
-	if err != nil || ctx.Err() != nil {
+	if (err != nil && !above) || ctx.Err() != nil {
 		// A caller gone (or out of time) by the time of the answer gets no
 		// handler, whatever the answer: see failed.
 		return o.failed(ctx, method, err)
@@ -308,7 +324,10 @@ func decide[L interface {
 		// done before the handler runs.
 		_ = setHeader(o.fields(res))
 	}
-	if !res.Allowed {
+	switch {
+	case above:
+		return errAboveLimit
+	case !res.Allowed:
 		return denied(res)
 	}
 	return nil
@@ -362,19 +381,24 @@ func (o *clientOptions) report(ctx context.Context, method string, err error) {
 	}
 }
 
-// fields are httplimit's RateLimit-Policy and RateLimit for one decision.
+// fields are httplimit's RateLimit-Policy and RateLimit for one decision;
+// of a call above the limit, the policy only (ratelimitfields.For).
 func (o *options) fields(res redlimit.Result) metadata.MD {
 	f := ratelimitfields.For(o.name, res)
+	if f.Limit == "" {
+		return metadata.Pairs(PolicyKey, f.Policy)
+	}
 	return metadata.Pairs(PolicyKey, f.Policy, RateLimitKey, f.Limit)
 }
 
+// errAboveLimit ends a call for more permits than the limit can ever
+// grant, on the server and the calling side alike. It carries no
+// RetryInfo: no wait would help.
+var errAboveLimit = status.Error(codes.ResourceExhausted, "grpclimit: more permits than the rate limit grants")
+
 // denied is the status of a denied call: RetryInfo carries the exact wait,
-// unrounded. A call for more permits than the limit gets none: no wait
-// would help.
+// unrounded.
 func denied(res redlimit.Result) error {
-	if res.RetryAfter < 0 {
-		return status.Error(codes.ResourceExhausted, "grpclimit: more permits than the rate limit grants")
-	}
 	st := status.New(codes.ResourceExhausted, "grpclimit: rate limit exceeded")
 	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
 		st = withInfo
