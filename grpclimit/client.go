@@ -23,7 +23,8 @@ import (
 // handling of deadlines applies, and one that gRPC's retry policies and
 // callers do not take for the upstream's own ResourceExhausted (which says
 // retrying later helps; here a longer deadline would). A call for more
-// permits than the limit can ever grant fails with codes.ResourceExhausted.
+// permits than the limit can ever grant fails with codes.ResourceExhausted
+// and no RetryInfo, as the server interceptors end it: no wait would help.
 // Redis unavailable is codes.Unavailable, or the call goes ahead with
 // FailOpen; any other error, redlimit.ErrMisconfigured among them, is
 // codes.Internal.
@@ -85,7 +86,8 @@ func wait[L interface {
 	case ctx.Err() != nil || errors.Is(err, redlimit.ErrMisconfigured) || errors.Is(err, redlimit.ErrUnavailable):
 		return o.failed(ctx, method, err)
 	case errors.Is(err, redlimit.ErrPermitsExceedRate):
-		return status.Error(codes.ResourceExhausted, "grpclimit: more permits than the rate limit grants")
+		o.breakerRun.Decided() // Redis answered: a decision, as on the server side
+		return errAboveLimit
 	case errors.Is(err, context.DeadlineExceeded):
 		// Acquire's refusal to start a wait longer than the time left; the
 		// context itself has not ended (checked above).

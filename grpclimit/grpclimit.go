@@ -19,6 +19,15 @@
 // limiter is full again, or on a denial the wait; w and t are in whole
 // seconds, rounded up.
 //
+// A call that costs more permits than the limit can ever grant (its
+// PermitsFunc above q: redlimit.ErrPermitsExceedRate) can never succeed, so
+// it is not told to come back: it ends with codes.ResourceExhausted, the
+// message "grpclimit: more permits than the rate limit grants" and no
+// RetryInfo, as the client interceptors end it, and its header metadata has
+// ratelimit-policy (q is the most a call may ask for) but no ratelimit item.
+// It takes nothing, and is the caller's doing, not an outage: ErrorHook is
+// not told.
+//
 // A limiter of several rates (redlimit.Config.And) is reported as httplimit
 // reports it: ratelimit-policy lists every rate, each named after the
 // PolicyName and its window, and ratelimit the rate that bound the decision
@@ -84,18 +93,28 @@ type Option interface{ apply(*options) }
 type ClientOption interface{ applyClient(*clientOptions) }
 
 // KeyFunc names the caller a call counts against; the limiter is
-// limiterFor(method, key). An error fails the call whatever FailOpen says
-// (the key comes from the call, and failing open would let a caller skip
-// the limit by leaving out what the key is made of): with the error's own
-// code when it is a gRPC status (status.FromError), else with
-// codes.InvalidArgument.
+// limiterFor(method, redlimit.KeyPart(key)). An error fails the call
+// whatever FailOpen says (the key comes from the call, and failing open
+// would let a caller skip the limit by leaving out what the key is made
+// of): with the error's own code when it is a gRPC status
+// (status.FromError), else with codes.InvalidArgument.
+//
+// The key is the caller's text (metadata, a claim), so the interceptors
+// escape it with redlimit.KeyPart before limiterFor sees it, whatever the
+// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
+// redlimit.MaxKeyPart bytes. A caller can then neither fail the call (a '{'
+// of its own would make an invalid name: codes.Internal for every such
+// call), nor choose the hash tag, and so the Redis Cluster slot, of its
+// limiter, nor make a key as long as its metadata. Keys as PeerIP makes
+// them, and ordinary ones ("alice@example.com"), pass unchanged.
 type KeyFunc func(ctx context.Context, method string) (string, error)
 
 // PermitsFunc is how many permits a call takes. method is the full method
 // name ("/package.Service/Method"); req is a unary call's request message,
 // and nil for a stream, which is decided before any message. Zero lets the
-// call through and only reports the limiter's state; a negative number is an
-// error (ErrorHook, codes.Internal).
+// call through and only reports the limiter's state; more than the limit can
+// ever grant is codes.ResourceExhausted without RetryInfo (see the package
+// doc); a negative number is an error (ErrorHook, codes.Internal).
 type PermitsFunc func(ctx context.Context, method string, req any) int64
 
 // PolicyName identifies the policy in ratelimit-policy and ratelimit. It must
@@ -119,7 +138,9 @@ type PolicyName string
 type FailOpen bool
 
 // ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
-// not of a call whose context ended first, nor of a denial. It runs on the
+// not of a call whose context ended first, nor of a denial, nor of a call
+// above the limit (redlimit.ErrPermitsExceedRate), which is the caller's to
+// fix and would let any caller fill a log. It runs on the
 // call's goroutine, so it must be quick: a log line, a counter.
 //
 // The one exception: while a Client's breaker is open
@@ -192,7 +213,8 @@ func (o ErrorHook) applyClient(opts *clientOptions)   { opts.hook = o }
 func onePermit(context.Context, string, any) int64 { return 1 }
 
 // UnaryServerInterceptor takes permits from limiterFor(method, key) for each
-// unary call, key naming its caller (KeyFunc). limiterFor returns a
+// unary call, key naming its caller (KeyFunc), escaped by redlimit.KeyPart
+// so that it is safe in a limiter name as it is. limiterFor returns a
 // *redlimit.Limiter, or any Allower (a wrapper, a fake in tests): L is
 // inferred from it. A Limiter is one named limit,
 // so limiterFor returns a handle per key (and per method, for limits that
@@ -274,13 +296,9 @@ func decide[L interface {
 	if !bool(o.limitAll) && grpcService(method) {
 		return nil
 	}
-	key, err := o.key(ctx, method)
+	key, err := o.callKey(ctx, method)
 	if err != nil {
-		o.report(ctx, method, err)
-		if st, ok := status.FromError(err); ok {
-			return st.Err()
-		}
-		return status.Error(codes.InvalidArgument, err.Error())
+		return err
 	}
 	limiter := limiterFor(method, key)
 	var none L
@@ -288,10 +306,14 @@ func decide[L interface {
 		return nil
 	}
 	res, err := limiter.Allow(ctx, o.permits(ctx, method, req))
-	if err == nil {
+	// A call above the limit is a decision, and the caller's to fix, not an
+	// error of ours: whether Allow says so (ErrPermitsExceedRate) or, as an
+	// Allower written before it did may, denies it with RetryAfter Never.
+	above := errors.Is(err, redlimit.ErrPermitsExceedRate) || err == nil && ratelimitfields.AboveLimit(res)
+	if err == nil || above {
 		o.breakerRun.Decided()
 	}
-	if err != nil || ctx.Err() != nil {
+	if (err != nil && !above) || ctx.Err() != nil {
 		// A caller gone (or out of time) by the time of the answer gets no
 		// handler, whatever the answer: see failed.
 		return o.failed(ctx, method, err)
@@ -302,10 +324,28 @@ func decide[L interface {
 		// done before the handler runs.
 		_ = setHeader(o.fields(res))
 	}
-	if !res.Allowed {
+	switch {
+	case above:
+		return errAboveLimit
+	case !res.Allowed:
 		return denied(res)
 	}
 	return nil
+}
+
+// callKey is the KeyFunc's key, escaped: the one place a key from a call
+// becomes part of a limiter name, so that no KeyFunc, ours or the caller's,
+// can skip it. An error is the status to end the call with.
+func (o *options) callKey(ctx context.Context, method string) (string, error) {
+	key, err := o.key(ctx, method)
+	if err != nil {
+		o.report(ctx, method, err)
+		if st, ok := status.FromError(err); ok {
+			return "", st.Err()
+		}
+		return "", status.Error(codes.InvalidArgument, err.Error())
+	}
+	return redlimit.KeyPart(key), nil
 }
 
 // failed maps an error from the limiter to the call's status; nil lets the
@@ -341,19 +381,24 @@ func (o *clientOptions) report(ctx context.Context, method string, err error) {
 	}
 }
 
-// fields are httplimit's RateLimit-Policy and RateLimit for one decision.
+// fields are httplimit's RateLimit-Policy and RateLimit for one decision;
+// of a call above the limit, the policy only (ratelimitfields.For).
 func (o *options) fields(res redlimit.Result) metadata.MD {
 	f := ratelimitfields.For(o.name, res)
+	if f.Limit == "" {
+		return metadata.Pairs(PolicyKey, f.Policy)
+	}
 	return metadata.Pairs(PolicyKey, f.Policy, RateLimitKey, f.Limit)
 }
 
+// errAboveLimit ends a call for more permits than the limit can ever
+// grant, on the server and the calling side alike. It carries no
+// RetryInfo: no wait would help.
+var errAboveLimit = status.Error(codes.ResourceExhausted, "grpclimit: more permits than the rate limit grants")
+
 // denied is the status of a denied call: RetryInfo carries the exact wait,
-// unrounded. A call for more permits than the limit gets none: no wait
-// would help.
+// unrounded.
 func denied(res redlimit.Result) error {
-	if res.RetryAfter < 0 {
-		return status.Error(codes.ResourceExhausted, "grpclimit: more permits than the rate limit grants")
-	}
 	st := status.New(codes.ResourceExhausted, "grpclimit: rate limit exceeded")
 	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
 		st = withInfo

@@ -28,7 +28,8 @@ const releaseTimeout = 5 * time.Second
 // (redlimit.InFlight) while each unary call's handler runs, and releases it
 // when the handler returns, panics included: at most Limit calls of a key
 // are being served at once, across every instance. key names the caller
-// (KeyFunc) and limitFor returns the limit it counts against:
+// (KeyFunc, escaped by redlimit.KeyPart as the rate interceptors escape it)
+// and limitFor returns the limit it counts against:
 //
 //	exports := client.InFlight("exports").WithDefault(redlimit.InFlightConfig{Limit: 10, TTL: 30 * time.Second})
 //	limitFor := func(method, key string) *redlimit.InFlight {
@@ -90,13 +91,9 @@ func (o *options) hold(ctx context.Context, method string, limitFor func(method,
 	if !bool(o.limitAll) && grpcService(method) {
 		return nil, nil
 	}
-	key, err := o.key(ctx, method)
+	key, err := o.callKey(ctx, method)
 	if err != nil {
-		o.report(ctx, method, err)
-		if st, ok := status.FromError(err); ok {
-			return nil, st.Err()
-		}
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
 	limit := limitFor(method, key)
 	if limit == nil {

@@ -62,7 +62,10 @@ func PeerPrefix(bits4, bits6 int) KeyFunc {
 
 // Metadata keys a call by the value of a request metadata key, such as an API
 // key; the first non-empty value if it has several. A call without it is
-// ErrNoKey (codes.InvalidArgument).
+// ErrNoKey (codes.InvalidArgument). The value is the caller's to choose,
+// braces, any bytes in a -bin key, 100 KB and all: the interceptors escape
+// it (redlimit.KeyPart) before limiterFor sees it, so "user:"+key is a safe
+// limiter name, and "a{b" a caller like any other.
 func Metadata(key string) KeyFunc {
 	return func(ctx context.Context, _ string) (string, error) {
 		for _, v := range metadata.ValueFromIncomingContext(ctx, key) {

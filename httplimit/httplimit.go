@@ -14,6 +14,13 @@
 // config's Interval; the time a funnel's Burst takes to drain), r Remaining;
 // w and t are in whole seconds, rounded up.
 //
+// A request that costs more permits than the limit can ever grant (its
+// PermitsFunc above q: redlimit.ErrPermitsExceedRate) can never succeed,
+// so it is not told to come back: it is answered 413 Content Too Large
+// (ErrorHandler), with RateLimit-Policy, whose q is the most a request may
+// ask for, and no Retry-After, RateLimit item or legacy field. It takes
+// nothing, and is the client's doing, not an outage: ErrorHook is not told.
+//
 // Middlewares can be stacked, say per IP outside and per user inside, each
 // with its own PolicyName. Both fields are lists: each middleware appends its
 // policy to RateLimit-Policy and its decision to RateLimit, outer first, so
@@ -102,15 +109,26 @@ type options struct {
 }
 
 // KeyFunc names the client a request counts against: the limiter used is
-// limiterFor(key). An error rejects the request with 400 Bad Request, whatever
-// FailOpen says: the key comes from the request, and failing open would let a
-// client skip the limit by leaving out what the key is made of.
+// limiterFor(redlimit.KeyPart(key)). An error rejects the request with 400
+// Bad Request, whatever FailOpen says: the key comes from the request, and
+// failing open would let a client skip the limit by leaving out what the key
+// is made of.
+//
+// The key is the client's text (a header, a claim), so the middleware
+// escapes it with redlimit.KeyPart before limiterFor sees it, whatever the
+// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
+// redlimit.MaxKeyPart bytes. A client can then neither fail the request (a
+// '{' of its own would make an invalid name: a 500 for every such request),
+// nor choose the hash tag, and so the Redis Cluster slot, of its limiter,
+// nor make a key as long as its header. Keys as ClientIP makes them, and
+// ordinary ones ("alice@example.com"), pass unchanged.
 type KeyFunc func(r *http.Request) (string, error)
 
 // PermitsFunc is how many permits a request takes. Zero lets it through and
-// only reports the limiter's state. A negative number is a bug, not an
-// outage: ErrorHook is told (redlimit.ErrInvalidPermits) and the request is
-// answered 500 Internal Server Error, whatever FailOpen says.
+// only reports the limiter's state. More than the limit can ever grant is
+// answered 413 Content Too Large (see the package doc). A negative number is
+// a bug, not an outage: ErrorHook is told (redlimit.ErrInvalidPermits) and
+// the request is answered 500 Internal Server Error, whatever FailOpen says.
 type PermitsFunc func(r *http.Request) int64
 
 // PolicyName identifies the policy in RateLimit-Policy and RateLimit. It must
@@ -148,7 +166,9 @@ type FailOpen bool
 type ShadowHeaders bool
 
 // ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
-// not of a request whose client has gone away, which gets no answer. It runs
+// not of a request whose client has gone away, which gets no answer, nor of
+// one above the limit (redlimit.ErrPermitsExceedRate, 413), which is the
+// client's to fix and would let any client fill a log. It runs
 // on the request's goroutine, so it must be quick: a log line, a counter.
 //
 // The one exception: while a Client's breaker is open
@@ -162,16 +182,21 @@ type ShadowHeaders bool
 // so, use the Client's observer (redlimit.WithObserver), which sees them all.
 type ErrorHook func(r *http.Request, err error)
 
-// DeniedHandler writes the response to a denied request. The rate-limit
-// fields and Retry-After are set before it is called, and
-// FromContext(r.Context()) holds the decision (its Result).
+// DeniedHandler writes the response to a denied request, one that a wait
+// lets through. The rate-limit fields and Retry-After are set before it is
+// called, and FromContext(r.Context()) holds the decision (its Result). A
+// request above the limit, which no wait lets through, goes to ErrorHandler
+// instead (413).
 type DeniedHandler func(w http.ResponseWriter, r *http.Request)
 
 // ErrorHandler writes the response to a request the middleware could not
-// decide, after ErrorHook. status is what the middleware would answer: 400
-// Bad Request (the KeyFunc failed), 503 Service Unavailable (Redis is
-// unavailable and FailOpen is off) or 500 Internal Server Error (any other
-// error); err is why (FromContext(r.Context()).Err too). When a Client's
+// decide, after ErrorHook, or one that can never be granted. status is what
+// the middleware would answer: 400 Bad Request (the KeyFunc failed), 413
+// Content Too Large (more permits than the limit can ever grant, err
+// redlimit.ErrPermitsExceedRate; RateLimit-Policy is set, and ErrorHook is
+// not told), 503 Service Unavailable (Redis is unavailable and FailOpen is
+// off) or 500 Internal Server Error (any other error); err is why
+// (FromContext(r.Context()).Err too). When a Client's
 // breaker is open (redlimit.ErrBreakerOpen), Retry-After is set before it is
 // called: 1 second, the breaker's default cool-down. The cool-down in force
 // is not known here, and a client back too early is answered at once by the
@@ -204,13 +229,17 @@ type Allower interface {
 // (the next handler, DeniedHandler, ErrorHandler) read it with FromContext.
 type Decision struct {
 	Policy string // the PolicyName
-	Key    string // what the KeyFunc returned; "" when it failed
+	// Key is what limiterFor was given: the KeyFunc's key through
+	// redlimit.KeyPart, so safe to log; "" when the KeyFunc failed.
+	Key string
 	// Result is the limiter's answer: zero when there is none (Err is set),
 	// Limit 0 when a Client made WithFailOpen granted without Redis.
 	Result redlimit.Result
 	// Err is why there is no Result: the KeyFunc's error, or Allow's
 	// (redlimit.ErrUnavailable under FailOpen when the request was let
-	// through without a decision). nil when there is a Result.
+	// through without a decision). nil when there is a Result, but for a
+	// request above the limit (413): its Result is the denial (RetryAfter
+	// redlimit.Never) and Err redlimit.ErrPermitsExceedRate.
 	Err error
 }
 
@@ -224,7 +253,8 @@ func FromContext(ctx context.Context) (Decision, bool) {
 }
 
 // New returns middleware that takes permits from limiterFor(key) for each
-// request, key naming its client (KeyFunc). limiterFor returns a
+// request, key naming its client (KeyFunc), escaped by redlimit.KeyPart so
+// that it is safe in a limiter name as it is. limiterFor returns a
 // *redlimit.Limiter, or any Allower (a wrapper, a fake in tests): L is
 // inferred from it. A Limiter is one named limit, so limiterFor returns a
 // handle per key. Handles hold no state and cost no round
@@ -265,9 +295,7 @@ func New[L interface {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d := Decision{Policy: string(o.policy)}
-			d.Key, d.Err = o.key(r)
-			if d.Err != nil {
-				d.Key = ""
+			if d.Key, d.Err = o.requestKey(r); d.Err != nil {
 				o.fail(w, r, d, http.StatusBadRequest)
 				return
 			}
@@ -277,8 +305,10 @@ func New[L interface {
 				next.ServeHTTP(w, r) // not limited: health checks, say
 				return
 			}
-			d.Result, d.Err = limiter.Allow(r.Context(), o.permits(r))
-			if d.Err == nil {
+			permits := o.permits(r)
+			d.Result, d.Err = limiter.Allow(r.Context(), permits)
+			above := aboveLimit(&d, permits)
+			if d.Err == nil || above {
 				o.breakerRun.Decided()
 			}
 			switch {
@@ -287,7 +317,7 @@ func New[L interface {
 				// to answer, and no handler to run for nobody (a grant it
 				// took stays counted).
 				return
-			case d.Err == nil:
+			case d.Err == nil || above:
 			case errors.Is(d.Err, redlimit.ErrMisconfigured):
 				// Checked first: a refusal must never fail open, even were
 				// it to wrap ErrUnavailable too.
@@ -313,13 +343,44 @@ func New[L interface {
 			if d.Result.Limit > 0 && (!d.Result.Shadow || bool(o.shadow)) {
 				o.setFields(w.Header(), d.Result)
 			}
-			if !d.Result.Allowed {
+			switch {
+			case above:
+				// Not an outage nor a bug, so ErrorHook is not told: the
+				// client asked for more than it can ever be granted.
+				o.failed(w, r, http.StatusRequestEntityTooLarge, d.Err)
+			case !d.Result.Allowed:
 				o.denied(w, r)
-				return
+			default:
+				next.ServeHTTP(w, r)
 			}
-			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// aboveLimit reports whether d is the denial of a request for more permits
+// than the limiter can ever grant, and makes its Err ErrPermitsExceedRate
+// if the Allower said so only by RetryAfter Never, as Limiter.Allow did
+// before it returned the error, and a wrapper or fake written then may.
+func aboveLimit(d *Decision, permits int64) bool {
+	if errors.Is(d.Err, redlimit.ErrPermitsExceedRate) {
+		return true
+	}
+	if d.Err != nil || !ratelimitfields.AboveLimit(d.Result) {
+		return false
+	}
+	d.Err = fmt.Errorf("%w: %d permits, limit %d", redlimit.ErrPermitsExceedRate, permits, d.Result.Limit)
+	return true
+}
+
+// requestKey is the KeyFunc's key, escaped: the one place a key from a
+// request becomes part of a limiter name, so that no KeyFunc, ours or the
+// caller's, can skip it.
+func (o *options) requestKey(r *http.Request) (string, error) {
+	key, err := o.key(r)
+	if err != nil {
+		return "", err
+	}
+	return redlimit.KeyPart(key), nil
 }
 
 func withDecision(r *http.Request, d Decision) *http.Request {
@@ -345,13 +406,18 @@ func (o *options) report(r *http.Request, err error) {
 // any middleware the request passed through before. A denial's Retry-After
 // is its effective window (the wait), since the draft wants Retry-After to
 // point no earlier than the end of the effective window. A request for more
-// than Limit gets no Retry-After: no wait would help.
+// than Limit gets its policy only: no Retry-After, no RateLimit item and no
+// legacy fields, whose remaining and reset would say when to come back, and
+// no wait would help.
 func (o *options) setFields(h http.Header, res redlimit.Result) {
 	f := ratelimitfields.For(o.name, res)
-	if !res.Allowed && res.RetryAfter >= 0 {
+	appendItem(h, "RateLimit-Policy", f.Policy)
+	if f.Limit == "" {
+		return
+	}
+	if !res.Allowed {
 		h.Set("Retry-After", strconv.FormatInt(ratelimitfields.Seconds(f.Effective), 10))
 	}
-	appendItem(h, "RateLimit-Policy", f.Policy)
 	appendItem(h, "RateLimit", f.Limit)
 	if o.legacy {
 		reset := ratelimitfields.Seconds(time.Duration(o.now().Add(f.Effective).UnixNano()))

@@ -103,10 +103,11 @@ func TestInstancesShareOneLimit(t *testing.T) {
 			{at: 61 * time.Second, instance: 0, cost: "2", status: 200, fields: map[string]string{
 				"RateLimit-Policy": policy, "RateLimit": `"default";r=0;t=59`,
 				"X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset(120)}},
-			// More than the limit: no wait would help, so no Retry-After.
-			{at: 61 * time.Second, instance: 1, client: "203.0.113.9", cost: "4", status: 429, fields: map[string]string{
-				"RateLimit-Policy": policy, "RateLimit": `"default";r=3;t=0`,
-				"X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "3", "X-RateLimit-Reset": reset(61)}},
+			// More than the limit can ever grant: 413, with the policy (q is
+			// the most a request may ask for) and nothing that says when to
+			// come back, as no wait would help.
+			{at: 61 * time.Second, instance: 1, client: "203.0.113.9", cost: "4", status: 413, fields: map[string]string{
+				"RateLimit-Policy": policy}},
 			// A rate stored in Redis wins over the handles' default, on every
 			// instance at once: q follows it with no extra round trip.
 			{at: 62 * time.Second, instance: 1, setRate: 5, status: 200, fields: map[string]string{

@@ -25,8 +25,9 @@ const releaseTimeout = 5 * time.Second
 // (redlimit.InFlight) while the next handler runs, and releases it when the
 // handler returns, panics included: at most Limit requests of a key are
 // being served at once, across every instance. key names the request's
-// client (KeyFunc), and limitFor returns the limit it counts against, a
-// handle per key, or one handle for all:
+// client (KeyFunc, escaped by redlimit.KeyPart as New escapes it), and
+// limitFor returns the limit it counts against, a handle per key, or one
+// handle for all:
 //
 //	exports := client.InFlight("exports").WithDefault(redlimit.InFlightConfig{Limit: 10, TTL: 30 * time.Second})
 //	limit := httplimit.InFlight(func(string) *redlimit.InFlight { return exports })
@@ -57,9 +58,7 @@ func InFlight(limitFor func(key string) *redlimit.InFlight, opts ...Option) func
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d := Decision{Policy: string(o.policy)}
-			d.Key, d.Err = o.key(r)
-			if d.Err != nil {
-				d.Key = ""
+			if d.Key, d.Err = o.requestKey(r); d.Err != nil {
 				o.fail(w, r, d, http.StatusBadRequest)
 				return
 			}

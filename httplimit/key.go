@@ -83,7 +83,10 @@ func network(a netip.Addr, bits4, bits6 int) string {
 }
 
 // Header keys a request by the value of a header, such as an API key. A
-// request without it is rejected (ErrNoKey, 400 Bad Request).
+// request without it is rejected (ErrNoKey, 400 Bad Request). The value is
+// the client's to choose, braces, control bytes, 100 KB and all: the
+// middleware escapes it (redlimit.KeyPart) before limiterFor sees it, so
+// "user:"+key is a safe limiter name, and "a{b" a user like any other.
 func Header(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		if v := r.Header.Get(name); v != "" {

@@ -63,11 +63,20 @@ func WithFullLimiterName() Option {
 // LimiterBase is the default limiter attribute: the full name cut at its
 // first ':' after the prefix, where a limiter made per client
 // (httplimit's and grpclimit's examples, "api:" + key) starts its key. With
-// a prefix the name is in a hash tag, which stays closed: "app:{api:203.0.113.9}"
-// and "app:{api:2001:db8::1}" are "app:{api}", "login:42" is "login",
-// "{api}:42" is "{api}", and a name without a ':' ("app:{login}") is itself. A limiter of Type PerClient
-// keeps its clients out of its name: it is one value already. Names whose
-// key is not after a ':' need WithLimiterName.
+// a prefix the name is in a hash tag, which stays closed:
+// "app:{api:203.0.113.9}" and "app:{api:2001:db8::1}" are "app:{api}",
+// "login:42" is "login", "{api}:42" is "{api}", and a name without a ':'
+// ("app:{login}") is itself. A limiter of Type PerClient keeps its clients
+// out of its name: it is one value already. Names whose key is not after a
+// ':' need WithLimiterName.
+//
+// Braces are read as the hash tags the library and its callers write, so
+// a key must hold none of its own: keys from requests go through
+// redlimit.KeyPart (httplimit and grpclimit pass theirs through it), or a
+// client sending "{x1}", "{x2}"… would make a series each. A name the
+// library refuses (ErrInvalidName: a '{' that opens no tag, "user:a{b"),
+// whose decisions are errors, is cut at its first ':' or '{' ("app:user:a{b"
+// is "app"), since what follows may be a client's.
 func LimiterBase(name string) string {
 	open := strings.IndexByte(name, '{')
 	if open < 0 {
@@ -75,8 +84,8 @@ func LimiterBase(name string) string {
 		return base
 	}
 	closing := strings.IndexByte(name[open:], '}')
-	if closing < 0 {
-		return name // not a name the library makes
+	if closing <= 1 { // unclosed, or "{}": no hash tag
+		return name[:strings.IndexAny(name, ":{")]
 	}
 	tag := name[open+1 : open+closing]
 	if cut := strings.IndexByte(tag, ':'); cut >= 0 {

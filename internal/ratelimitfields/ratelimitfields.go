@@ -29,25 +29,25 @@ type Fields struct {
 	// several rates its list: one item per Quota, each named by names.
 	Policy string
 	// Limit is RateLimit's item, name;r=Remaining;t=Seconds(Effective):
-	// with several rates, the bound one's (Result.Bound).
+	// with several rates, the bound one's (Result.Bound). "" for a request
+	// above the limit (AboveLimit).
 	Limit string
 	// Effective is the effective window t: until the limiter is full again
 	// (ResetAfter), or on a denial the wait (RetryAfter), as the draft wants.
 	Effective time.Duration
 }
 
-// For returns r's fields. w is left out when the decision has no Window.
+// AboveLimit reports whether r denies a request that asked for more than
+// the limiter can ever grant (RetryAfter Never, ErrPermitsExceedRate): one
+// that no wait lets through, answered 413 or ResourceExhausted without a
+// wait.
+func AboveLimit(r redlimit.Result) bool { return !r.Allowed && r.RetryAfter < 0 }
+
+// For returns r's fields. w is left out when the decision has no Window. A
+// request above the limit has its policy only: RateLimit's r and t would
+// tell its client how many are left and when to come back, and no wait lets
+// it through. The policy's q tells it the most it may ask for.
 func For(name string, r redlimit.Result) Fields {
-	effective := r.ResetAfter
-	if !r.Allowed && r.RetryAfter >= 0 {
-		effective = r.RetryAfter
-	} else if len(r.Quotas) > 1 {
-		// ResetAfter is the slowest rate's, an hour for 10 per second and
-		// 1000 per hour: t=3600 beside the per-second policy would have a
-		// client spread its 9 permits over an hour. The bound rate is full
-		// again within its own Window.
-		effective = min(effective, r.Window)
-	}
 	policy := item(name, r.Limit, r.Window)
 	if len(r.Quotas) > 1 {
 		quotaNames := names(name, r.Quotas)
@@ -56,6 +56,19 @@ func For(name string, r redlimit.Result) Fields {
 			items[i] = item(quotaNames[i], q.Limit, q.Window)
 		}
 		policy, name = strings.Join(items, ", "), quotaNames[r.Bound]
+	}
+	if AboveLimit(r) {
+		return Fields{Policy: policy}
+	}
+	effective := r.ResetAfter
+	if !r.Allowed {
+		effective = r.RetryAfter
+	} else if len(r.Quotas) > 1 {
+		// ResetAfter is the slowest rate's, an hour for 10 per second and
+		// 1000 per hour: t=3600 beside the per-second policy would have a
+		// client spread its 9 permits over an hour. The bound rate is full
+		// again within its own Window.
+		effective = min(effective, r.Window)
 	}
 	return Fields{
 		Policy:    policy,

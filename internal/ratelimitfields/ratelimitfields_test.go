@@ -17,9 +17,12 @@ func TestFor(t *testing.T) {
 	denied := redlimit.Result{Limit: 4, RetryAfter: 2500 * time.Millisecond, ResetAfter: 9 * time.Second, Window: 1500 * time.Millisecond}
 	assert.Equal(t, Fields{`"f";q=4;w=2`, `"f";r=0;t=3`, denied.RetryAfter}, For(`"f"`, denied))
 
-	// No wait helps a request above the limit: t stays the reset.
+	// No wait helps a request above the limit: its policy only, no r or t.
 	never := redlimit.Result{Limit: 4, RetryAfter: redlimit.Never, ResetAfter: time.Second}
-	assert.Equal(t, Fields{`"f";q=4`, `"f";r=0;t=1`, time.Second}, For(`"f"`, never), "no Window, no w")
+	assert.Equal(t, Fields{`"f";q=4`, "", 0}, For(`"f"`, never), "no Window, no w")
+	assert.True(t, AboveLimit(never))
+	assert.False(t, AboveLimit(denied))
+	assert.False(t, AboveLimit(granted))
 }
 
 // TestForSeveralRates: RateLimit-Policy lists every rate, each named after
@@ -41,9 +44,9 @@ func TestForSeveralRates(t *testing.T) {
 	denied := redlimit.Result{Limit: 1000, RetryAfter: 20 * time.Minute, ResetAfter: 40 * time.Minute, Window: time.Hour, Bound: 1, Quotas: perSecondAndHour}
 	assert.Equal(t, Fields{policy, `"api/1h";r=0;t=1200`, denied.RetryAfter}, For(`"api"`, denied))
 
-	// Above the per-second limit: no wait helps; t is that rate's reset.
+	// Above the per-second limit: no wait helps; every rate's policy, no r or t.
 	never := redlimit.Result{Limit: 10, Remaining: 3, RetryAfter: redlimit.Never, ResetAfter: 50 * time.Minute, Window: time.Second, Quotas: perSecondAndHour}
-	assert.Equal(t, Fields{policy, `"api/1s";r=3;t=1`, time.Second}, For(`"api"`, never))
+	assert.Equal(t, Fields{policy, "", 0}, For(`"api"`, never))
 }
 
 func TestNames(t *testing.T) {
