@@ -45,6 +45,9 @@ type InFlight struct {
 	// refreshEvery is how often holds refresh themselves: 0 for TTL/3,
 	// negative for never (tests on a controlled clock).
 	refreshEvery time.Duration
+	// afterFunc runs f once d has passed: nil for time.AfterFunc. Tests on a
+	// controlled clock set one that fires as they move that clock.
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
 }
 
 // InFlightConfig is an in-flight limit's config.
@@ -496,6 +499,14 @@ func (l *InFlight) abandon(id string, err error) {
 	}()
 }
 
+// after runs f once d has passed (afterFunc), and returns what stops it.
+func (l *InFlight) after(d time.Duration, f func()) func() bool {
+	if l.afterFunc != nil {
+		return l.afterFunc(d, f)
+	}
+	return time.AfterFunc(d, f).Stop
+}
+
 // newHoldID names a hold after its Client, for operators (Holders).
 func (l *InFlight) newHoldID() string {
 	return l.client.clientID + ":" + randomHex(8)
@@ -554,7 +565,8 @@ type Hold struct {
 	released bool  // Release was called: no more refreshes
 	freed    bool  // Redis answered the release
 	err      error // why the hold was lost; nil while it is not
-	timer    *time.Timer
+	// stopRefresh stops the next automatic refresh; nil while none is set.
+	stopRefresh func() bool
 }
 
 func (l *InFlight) newHold(id string, ttl time.Duration, renewed time.Time) *Hold {
@@ -635,8 +647,8 @@ func (h *Hold) Release(ctx context.Context) error {
 		return nil
 	}
 	h.released = true
-	if h.timer != nil {
-		h.timer.Stop()
+	if h.stopRefresh != nil {
+		h.stopRefresh()
 	}
 	h.mu.Unlock()
 	if h.phantom {
@@ -667,8 +679,8 @@ func (h *Hold) loseLocked(why error) {
 	}
 	h.err = why
 	close(h.lost)
-	if h.timer != nil {
-		h.timer.Stop()
+	if h.stopRefresh != nil {
+		h.stopRefresh()
 	}
 }
 
@@ -681,7 +693,7 @@ func (h *Hold) scheduleLocked() {
 	if every == 0 {
 		every = max(h.ttl/3, time.Millisecond)
 	}
-	h.timer = time.AfterFunc(every, h.autoRefresh)
+	h.stopRefresh = h.l.after(every, h.autoRefresh)
 }
 
 // autoRefresh is the timer's refresh. A refresh that fails is tried again
