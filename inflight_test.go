@@ -388,6 +388,7 @@ func TestInFlightBadInput(t *testing.T) {
 		{Limit: 1, TTL: -time.Second},
 		{Limit: 1, TTL: 999 * time.Microsecond},
 		{Limit: 1, TTL: 1500 * time.Microsecond},
+		{Limit: 1, TTL: 9 * time.Millisecond}, // its lease would end before its first refresh
 		{Limit: 1, TTL: maxInterval + time.Millisecond},
 	} {
 		assert.ErrorIs(t, l.SetLimit(ctx, bad), ErrInvalidConfig, "%v", bad)
@@ -616,49 +617,39 @@ func TestInFlightWaitersOnADeadRedis(t *testing.T) {
 	}
 }
 
-// A Hold refreshes itself while held, on the real clock: a hold of a 600ms
-// TTL held for 1.5s is still live, and released in time. Once its hold is
-// gone from Redis (the limit deleted), its next refresh finds out: Lost
-// closes within a refresh period (200ms; the test allows 2s).
+// A Hold refreshes itself every TTL/3 while held, on a timer of its own: a
+// hold of a 600ms TTL held for 1.4s (past two TTLs) is renewed to 600ms at
+// each 200ms and not between, is still live, and is released in time. Once
+// its hold is gone from Redis (the limit deleted), its next refresh finds
+// out: Lost closes at that refresh, 200ms later, and Err says the hold was
+// dropped. On a controlled clock whose timers fire as the test moves it
+// (timerClock), so that a starved CPU cannot make a refresh late.
 func TestInFlightAutomaticRefresh(t *testing.T) {
 	ctx := context.Background()
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, connect func() redis.UniversalClient) {
-		l := New(connect()).InFlight(uniqueName(t)).WithDefault(InFlightConfig{Limit: 1, TTL: 600 * time.Millisecond})
+		tc := newTimerClock()
+		l := timedInFlight(connect(), tc, uniqueName(t), InFlightConfig{Limit: 1, TTL: 600 * time.Millisecond})
 		h := tryHold(t, l)
-		time.Sleep(1500 * time.Millisecond)
-		assert.Contains(t, holders(t, l), h.ID(), "refreshed past its TTL")
+		for i := range 7 {
+			tc.Add(100 * time.Millisecond)
+			assert.Equal(t, 500*time.Millisecond, holders(t, l)[h.ID()], "tick %d: not refreshed between ticks", i)
+			tc.Add(100 * time.Millisecond)
+			assert.Equal(t, 600*time.Millisecond, holders(t, l)[h.ID()], "tick %d: refreshed at the tick", i)
+		}
 		assert.NoError(t, h.Err())
 		require.NoError(t, h.Release(ctx))
 
 		h = tryHold(t, l)
 		_, err := l.Delete(ctx)
 		require.NoError(t, err)
-		select {
-		case <-h.Lost():
-			assert.ErrorIs(t, h.Err(), ErrHoldLost)
-		case <-time.After(2 * time.Second):
-			t.Fatal("Lost not closed 2s after the hold was deleted")
-		}
+		tc.Add(199 * time.Millisecond)
+		assert.True(t, believes(h), "no refresh yet")
+		tc.Add(time.Millisecond)
+		assert.False(t, believes(h), "the refresh found it gone")
+		assert.ErrorIs(t, h.Err(), ErrHoldLost)
+		assert.ErrorContains(t, h.Err(), "dropped by Reset or Delete")
 		assert.ErrorIs(t, h.Release(ctx), ErrHoldLost)
 	})
-}
-
-// Refreshes that fail for a whole TTL lose the hold: its slot may be
-// someone else's by then.
-func TestInFlightRefreshFailuresLoseTheHold(t *testing.T) {
-	mr := redistest.Miniredis(t)
-	flaky := redis.NewClient(mr.Options())
-	t.Cleanup(func() { flaky.Close() })
-	l := New(flaky).InFlight(uniqueName(t)).WithDefault(InFlightConfig{Limit: 1, TTL: 150 * time.Millisecond})
-	h := tryHold(t, l)
-	flaky.Close() // every refresh fails from now on
-	select {
-	case <-h.Lost():
-		assert.ErrorIs(t, h.Err(), ErrHoldLost)
-		assert.True(t, errors.Is(h.Err(), redis.ErrClosed), "it says why: %v", h.Err())
-	case <-time.After(3 * time.Second):
-		t.Fatal("Lost not closed after refreshes failed for a whole TTL")
-	}
 }
 
 // Replies the script never sends are ErrUnexpectedReply, not a panic.
@@ -671,6 +662,12 @@ func TestInFlightUnexpectedReplies(t *testing.T) {
 	}
 	for _, reply := range []any{nil, int64(2), int64(-1), "1"} {
 		_, err := zeroOrOne(reply)
+		assert.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
+	}
+	for _, reply := range []any{nil, int64(1), []any{}, []any{int64(1)}, []any{int64(1), int64(10), int64(1)},
+		[]any{int64(1), int64(9)}, []any{int64(1), maxInterval.Milliseconds() + 1}, []any{int64(0), int64(10)},
+		[]any{int64(2), int64(1)}, []any{int64(3), int64(0)}, []any{int64(-1), int64(0)}, []any{"1", int64(10)}} {
+		_, _, err := parseRefresh(reply)
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%#v", reply)
 	}
 }
