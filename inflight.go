@@ -152,10 +152,12 @@ func (l *InFlight) Validate(cfg InFlightConfig) error {
 	switch {
 	case cfg.Limit < 1 || cfg.Limit > maxInFlightLimit:
 		return invalid("limit %d is outside 1..%d", cfg.Limit, maxInFlightLimit)
+	case cfg.TTL < time.Millisecond:
+		return invalid("ttl %v is below 1ms", cfg.TTL)
 	case cfg.TTL%time.Millisecond != 0:
 		return invalid("ttl %v is not a whole number of milliseconds", cfg.TTL)
 	case cfg.TTL < minInFlightTTL:
-		return invalid("ttl %v is below %v", cfg.TTL, minInFlightTTL)
+		return invalid("ttl %v is below %v: a hold's lease would leave no time to refresh it in", cfg.TTL, minInFlightTTL)
 	case cfg.TTL > maxInterval:
 		return invalid("ttl %v is above %v", cfg.TTL, maxInterval)
 	}
