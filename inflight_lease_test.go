@@ -133,20 +133,34 @@ func timedInFlight(rdb redis.UniversalClient, tc *timerClock, name string, cfg I
 // hangingRefreshes is a go-redis hook that, once armed, holds every refresh
 // of a hold (an EVALSHA of the in-flight script's refresh op) until the test
 // lets it go (let): before it reaches Redis, or, with ran, after Redis ran
-// it, its reply held. Let nil lets it through; an error fails it. A call
-// whose context ends first fails with the context's error. Every other
-// command passes through.
+// it, its reply held. Let nil lets it through; an error fails it. As a hung
+// connection does with go-redis's defaults, a held call ignores its
+// context, unless ctxEnds. Calls still held when the test ends fail. Every
+// other command passes through.
 type hangingRefreshes struct {
 	passHook
-	ran     bool
-	armed   atomic.Bool
-	held    chan struct{} // one send per call it holds
-	let     chan error
-	waiting atomic.Int64 // calls held now
+	ran, ctxEnds bool
+	armed        atomic.Bool
+	held         chan struct{} // one send per call it holds
+	let          chan error
+	ended        chan struct{} // closed when the test ends
+	waiting      atomic.Int64  // calls held now
 }
 
-func newHangingRefreshes(ran bool) *hangingRefreshes {
-	return &hangingRefreshes{ran: ran, held: make(chan struct{}, 16), let: make(chan error)}
+func newHangingRefreshes(t *testing.T, ran bool) *hangingRefreshes {
+	h := &hangingRefreshes{ran: ran, held: make(chan struct{}, 16), let: make(chan error), ended: make(chan struct{})}
+	t.Cleanup(func() { close(h.ended) })
+	return h
+}
+
+// letGo ends one held call with err (nil: it goes through).
+func (h *hangingRefreshes) letGo(t *testing.T, err error) {
+	t.Helper()
+	select {
+	case h.let <- err:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no refresh held")
+	}
 }
 
 func (h *hangingRefreshes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -164,7 +178,14 @@ func (h *hangingRefreshes) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 		h.waiting.Add(1)
 		defer h.waiting.Add(-1)
 		h.held <- struct{}{}
+		var ctxDone <-chan struct{}
+		if h.ctxEnds {
+			ctxDone = ctx.Done()
+		}
 		select {
+		case <-h.ended:
+			cmd.SetErr(hung)
+			return hung
 		case e := <-h.let:
 			switch {
 			case e != nil:
@@ -174,7 +195,7 @@ func (h *hangingRefreshes) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 				return next(ctx, cmd)
 			}
 			return err
-		case <-ctx.Done():
+		case <-ctxDone:
 			cmd.SetErr(ctx.Err())
 			return ctx.Err()
 		}
@@ -218,7 +239,7 @@ func TestInFlightLeaseTwoHolders(t *testing.T) {
 			eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 				ctx := context.Background()
 				tc := newTimerClock()
-				hang := newHangingRefreshes(ran)
+				hang := newHangingRefreshes(t, ran)
 				tc.parked = hang.held
 				name := uniqueName(t)
 				cfg := InFlightConfig{Limit: 1, TTL: ttl}
@@ -251,7 +272,7 @@ func TestInFlightLeaseTwoHolders(t *testing.T) {
 						// The late reply: it succeeds, after holder 1 gave up.
 						require.False(t, believes(h1), "%v: holder 1 gave up at 36.998s", now.Sub(epoch))
 						lostWith = h1.Err()
-						hang.let <- nil
+						hang.letGo(t, nil)
 						tc.Settle()
 						assert.Equal(t, lostWith, h1.Err(), "a late refresh does not bring the hold back")
 						assert.False(t, believes(h1))
@@ -276,7 +297,7 @@ func TestInFlightLeaseTwoHolders(t *testing.T) {
 				assert.ErrorIs(t, h1.Err(), ErrHoldLost)
 				t.Logf("holder 1: %v", h1.Err())
 				if !ran {
-					hang.let <- hung // the hung refresh fails at last
+					hang.letGo(t, hung) // the hung refresh fails at last
 				}
 				tc.Settle()
 				assert.ErrorIs(t, h1.Release(ctx), ErrHoldLost)
@@ -302,7 +323,8 @@ func TestInFlightLeaseRealClock(t *testing.T) {
 		name := uniqueName(t)
 		cfg := InFlightConfig{Limit: 1, TTL: ttl}
 		hooked := connect()
-		hang := newHangingRefreshes(false)
+		hang := newHangingRefreshes(t, false)
+		hang.ctxEnds = true // each refresh fails at its deadline, and the next is sent
 		hang.armed.Store(true)
 		hooked.AddHook(hang)
 		done := make(chan struct{})
@@ -352,7 +374,7 @@ func TestInFlightLeaseFollowsTTLChanges(t *testing.T) {
 	ctx := context.Background()
 	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		tc := newTimerClock()
-		hang := newHangingRefreshes(false)
+		hang := newHangingRefreshes(t, false)
 		tc.parked = hang.held
 		hooked := cloneClient(t, rdb)
 		hooked.AddHook(hang)
@@ -381,7 +403,7 @@ func TestInFlightLeaseFollowsTTLChanges(t *testing.T) {
 		denied(t, other, 6002*time.Millisecond)
 		tc.To(epoch.Add(70 * time.Second))
 		tryHold(t, other)
-		hang.let <- hung
+		hang.letGo(t, hung)
 		tc.Settle()
 	})
 }
