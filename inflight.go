@@ -23,7 +23,9 @@ import (
 // never releases: every hold therefore expires TTL after it was taken or
 // last refreshed, and its slot comes back by itself then. A Hold refreshes
 // itself every TTL/3 while held, so work may last longer than TTL; TTL is
-// how long a crashed holder's slot stays taken.
+// how long a crashed holder's slot stays taken. A holder cut off from Redis
+// gives its hold up on its own clock before Redis can hand the slot on (see
+// Hold).
 //
 // The config lives in Redis, as a rate's does (SetLimit, TrySetLimit), with
 // the handle's default (WithDefault) in force while none is stored. A lower
@@ -47,14 +49,18 @@ type InFlight struct {
 	// refreshEvery is how often holds refresh themselves: 0 for TTL/3,
 	// negative for never (tests on a controlled clock).
 	refreshEvery time.Duration
+	// afterFunc runs f once d has passed: nil for time.AfterFunc. Tests on a
+	// controlled clock set one that fires as they move that clock.
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
 }
 
 // InFlightConfig is an in-flight limit's config.
 type InFlightConfig struct {
 	Limit int64 // holds at once, 1 to 100,000
 	// TTL is how long a hold lasts unless refreshed: how long a crashed
-	// holder keeps its slot. At least 1ms, a whole number of milliseconds;
-	// a Hold refreshes itself every TTL/3.
+	// holder keeps its slot. At least 10ms, a whole number of milliseconds;
+	// a Hold refreshes itself every TTL/3, and gives itself up TTL/10 + 2ms
+	// before its TTL runs out unless a refresh succeeds (see Hold).
 	TTL time.Duration
 }
 
@@ -70,7 +76,23 @@ const (
 	// inFlightPoll is the longest a waiting Acquire sleeps between attempts:
 	// a holder that releases early tells no one, so waiters look again.
 	inFlightPoll = 20 * time.Millisecond
+	// minInFlightTTL bounds TTL from below: a hold's lease ends
+	// leaseMargin(TTL) before its TTL does, and below 10ms the margin would
+	// leave no time for a refresh (every TTL/3) to renew it in.
+	minInFlightTTL = wire.MinTTLMS * time.Millisecond
 )
+
+// leaseMargin is how long before its TTL runs out, counted from when its
+// last renewal was sent, a holder gives its hold up (Hold): a tenth of the
+// TTL for the holder's clock and Redis's running at different rates (quartz
+// is within 0.01%, NTP slews by at most 0.05%: a tenth is far more than
+// either) and for the lease's timer firing late on a busy machine; and 2ms
+// because Redis keeps expiries in whole milliseconds, the start rounded down
+// (up to 1ms early), and for a millisecond of the clocks' own reading.
+func leaseMargin(ttl time.Duration) time.Duration { return ttl/10 + 2*time.Millisecond }
+
+// What the script says of a hold on a refresh or a release (internal/wire).
+const holdGone, holdHeld, holdExpired = wire.HoldGone, wire.HoldHeld, wire.HoldExpired
 
 // The in-flight script's arguments are wire.InFlightOp …: see internal/wire.
 const (
@@ -115,6 +137,8 @@ func (l *InFlight) Validate(cfg InFlightConfig) error {
 		return invalid("ttl %v is below 1ms", cfg.TTL)
 	case cfg.TTL%time.Millisecond != 0:
 		return invalid("ttl %v is not a whole number of milliseconds", cfg.TTL)
+	case cfg.TTL < minInFlightTTL:
+		return invalid("ttl %v is below %v: a hold's lease would leave no time to refresh it in", cfg.TTL, minInFlightTTL)
 	case cfg.TTL > maxInterval:
 		return invalid("ttl %v is above %v", cfg.TTL, maxInterval)
 	}
@@ -192,8 +216,8 @@ func (l *InFlight) Config(ctx context.Context) (InFlightConfig, error) {
 }
 
 // Delete removes the config and every hold, and reports whether there were
-// any. Holders still working are not told: their next refresh finds their
-// hold gone (Hold.Lost).
+// any. Holders still working are not told: their next refresh or release
+// finds their hold gone, and says it was dropped (Hold.Err).
 func (l *InFlight) Delete(ctx context.Context) (bool, error) {
 	reply, err := l.eval(ctx, opDelete, noArg, noArg)
 	if err != nil {
@@ -205,7 +229,7 @@ func (l *InFlight) Delete(ctx context.Context) (bool, error) {
 // Reset drops every hold and keeps the config, and reports whether there
 // were holds: for an operator clearing slots whose holders are gone, or
 // stuck. Their holders are not told at once: each finds its hold lost
-// (ErrHoldLost) on its next refresh or release.
+// (ErrHoldLost, saying it was dropped) on its next refresh or release.
 func (l *InFlight) Reset(ctx context.Context) (bool, error) {
 	reply, err := l.eval(ctx, opReset, noArg, noArg)
 	if err != nil {
@@ -424,7 +448,7 @@ func (c *Client) released(name string) {
 func (l *InFlight) try(ctx context.Context, id string) (*Hold, time.Duration, error) {
 	c := l.client
 	start := time.Now()
-	renewed := c.clock()
+	sent := c.clock()
 	var r Result
 	var ttl time.Duration
 	reply, err := l.eval(ctx, opAcquire, id, l.config)
@@ -447,7 +471,7 @@ func (l *InFlight) try(ctx context.Context, id string) (*Hold, time.Duration, er
 	case !r.Allowed:
 		return nil, r.RetryAfter, nil
 	}
-	return l.newHold(id, ttl, renewed), 0, nil
+	return l.newHold(id, renewal{sent: sent, ttl: ttl}), 0, nil
 }
 
 // parseAcquire reads an acquire's reply: {1, ttl ms, limit} or {0, wait
@@ -474,16 +498,32 @@ func parseAcquire(reply any) (Result, time.Duration, error) {
 // its reply been lost (a timeout, a cancelled context). An error that says
 // the script never ran, or did not grant, needs nothing.
 func (l *InFlight) abandon(id string, err error) {
-	maybeRan := errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrBreakerOpen) ||
-		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
-	if !maybeRan || l.err != nil {
+	if !mayHaveRun(err) || l.err != nil {
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, _ = l.eval(ctx, opHoldRelease, id, noArg)
-	}()
+	go l.releaseID(id)
+}
+
+// mayHaveRun reports whether a call that failed with err may have run in
+// Redis all the same, its reply lost: a timeout, a cancelled context.
+func mayHaveRun(err error) bool {
+	return errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrBreakerOpen) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// releaseID releases the hold id for no one waiting: a second bounds it.
+func (l *InFlight) releaseID(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = l.eval(ctx, opHoldRelease, id, noArg)
+}
+
+// after runs f once d has passed (afterFunc), and returns what stops it.
+func (l *InFlight) after(d time.Duration, f func()) func() bool {
+	if l.afterFunc != nil {
+		return l.afterFunc(d, f)
+	}
+	return time.AfterFunc(d, f).Stop
 }
 
 // newHoldID names a hold after its Client, for operators (Holders).
@@ -520,38 +560,81 @@ func zeroOrOne(reply any) (bool, error) {
 // Hold is one slot of an InFlight limit, taken by Acquire or TryAcquire.
 // Its holder calls Release when its work is done, with a context that is
 // still live: Release must reach Redis, or the slot stays taken until the
-// hold's TTL passes.
+// hold's TTL passes. It is safe for concurrent use.
 //
 // While held, a Hold refreshes itself every TTL/3 (with the TTL in force
-// at each refresh), on a timer of its own. A refresh that fails (Redis
-// unreachable) is tried again a third of a TTL later; when none has
-// succeeded for a whole TTL, or one finds the hold gone (expired before it
-// came, or the limit deleted), the hold is lost: its slot may be another
-// holder's already. Lost is then closed, Err says why (ErrHoldLost), and
-// Release returns that error, so that a holder can tell that its work ran
-// for a while without its slot. It is safe for concurrent use.
+// at each refresh), on a timer of its own; a refresh that fails is tried
+// again a third of a TTL later. And it keeps a lease, as the holder of a
+// lock does: counting on the Client's clock (the monotonic clock, or
+// WithClock's) from when its last renewal that succeeded (the grant or a
+// refresh) was sent, since Redis set the hold's expiry at some moment after
+// that, it gives the hold up at
+//
+//	renewal + TTL − (TTL/10 + 2ms)
+//
+// unless a refresh has succeeded by then: whether refreshes fail, hang or
+// were never made. With a TTL of 30s that is 26.998s after the last renewal
+// was sent, 3.002s before Redis may hand the slot to another: Redis keeps
+// the hold until at least renewal + TTL − 1ms by its own clock (it counts
+// whole milliseconds), and a refresh never brings that forward. The margin,
+// TTL/10 + 2ms, covers clocks whose rates differ by up to a tenth, and a
+// lease timer that fires late on a busy machine. With WithClock, Redis
+// counts on the instances' clocks instead of its own: they must agree to
+// within the margin. A hold is lost too when a refresh or a release finds it
+// no longer in Redis: dropped by Reset or Delete, or lost with Redis's data
+// (a restart, a failover).
+//
+// Once lost, Lost is closed, Err says why (ErrHoldLost), and Release returns
+// that error, so that a holder can tell that its work ran for a while
+// without its slot; a hold once lost is never held again. Err and Lost read
+// the clock themselves, so what they say is exact at the moment they are
+// called, even when the lease's timer runs late. A refresh whose reply comes
+// after the lease ran out leaves the hold lost: the slot it kept in Redis (or
+// may have kept) is released at renewal + TTL, when it would have come back
+// had that refresh never reached Redis.
+//
+// What no lease can cover: a holder paused (a long GC, a stopped VM) between
+// reading Err and acting on it, Redis's clock stepping forward, and Redis
+// losing its data. Work that must never overlap another's needs a check of
+// its own where the work lands (a fencing token).
 type Hold struct {
 	l       *InFlight
 	id      string
 	phantom bool // granted by WithFailOpen without Redis: it holds no slot
 	lost    chan struct{}
 
-	mu  sync.Mutex
-	ttl time.Duration
-	// renewed is when, on the Client's clock, the grant or the last
-	// refresh that succeeded was sent: the hold lasts at least ttl from it.
-	renewed  time.Time
-	released bool  // Release was called: no more refreshes
-	freed    bool  // Redis answered the release
-	err      error // why the hold was lost; nil while it is not
-	timer    *time.Timer
+	mu sync.Mutex
+	// last is the renewal sent last (the refreshes come every last.ttl/3),
+	// lease the one whose lease ends last: the hold is given up at
+	// lease.end(). As Redis never brings a hold's expiry forward, each
+	// renewal that succeeded keeps it there at least its ttl past its send.
+	last, lease renewal
+	refreshing  int   // refreshes on their way
+	lastErr     error // of the last refresh, if it failed: why the lease ran out
+	released    bool  // Release was called: the work is over, no more refreshes
+	freed       bool  // Redis answered the release
+	err         error // why the hold was lost; nil while it is not
+	// stopRefresh and stopLease stop the timers of the next automatic
+	// refresh and of the lease's end; nil while none is set.
+	stopRefresh, stopLease func() bool
 }
 
-func (l *InFlight) newHold(id string, ttl time.Duration, renewed time.Time) *Hold {
-	h := &Hold{l: l, id: id, ttl: ttl, renewed: renewed, lost: make(chan struct{})}
+// renewal is a grant or a refresh that succeeded: when it was sent, on the
+// Client's clock, and the TTL Redis gave the hold.
+type renewal struct {
+	sent time.Time
+	ttl  time.Duration
+}
+
+// end is when the holder gives the hold up, unless renewed again before.
+func (r renewal) end() time.Time { return r.sent.Add(r.ttl - leaseMargin(r.ttl)) }
+
+func (l *InFlight) newHold(id string, r renewal) *Hold {
+	h := &Hold{l: l, id: id, last: r, lease: r, lost: make(chan struct{})}
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.scheduleLocked()
-	h.mu.Unlock()
+	h.stopLease = l.after(r.end().Sub(l.client.clock()), h.leaseTimer)
 	return h
 }
 
@@ -560,26 +643,37 @@ func (h *Hold) ID() string { return h.id }
 
 // Lost is closed when the hold is lost (see Hold). It is never closed for a
 // hold released in time.
-func (h *Hold) Lost() <-chan struct{} { return h.lost }
+func (h *Hold) Lost() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.checkLeaseLocked()
+	return h.lost
+}
 
 // Err returns nil while the hold is held or once it was released in time,
 // and an error wrapping ErrHoldLost once it was lost.
 func (h *Hold) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.checkLeaseLocked()
 	return h.err
 }
 
 // Refresh extends the hold to TTL from now. The Hold does it by itself every
-// TTL/3; call it to extend it sooner. A hold found gone is lost: Refresh
-// returns an error wrapping ErrHoldLost, and Lost is closed. Any other error
-// (Redis unavailable) leaves the hold as it was.
+// TTL/3; call it to extend it sooner. A hold lost (its lease ran out, or
+// Redis found it gone) stays lost: Refresh returns an error wrapping
+// ErrHoldLost, and Lost is closed. Any other error (Redis unavailable)
+// leaves the hold as it was, its lease running on.
 func (h *Hold) Refresh(ctx context.Context) error {
 	if h.phantom {
 		return nil
 	}
 	h.mu.Lock()
+	h.checkLeaseLocked()
 	released, err := h.released, h.err
+	if err == nil && !released {
+		h.refreshing++
+	}
 	h.mu.Unlock()
 	if err != nil {
 		return err
@@ -589,45 +683,78 @@ func (h *Hold) Refresh(ctx context.Context) error {
 	}
 	sent := h.l.client.clock()
 	reply, err := h.l.eval(ctx, opRefresh, h.id, h.l.config)
-	if err != nil {
-		return err
-	}
-	v, ok := reply.([]any)
-	var n [2]int64
-	if !ok || len(v) != len(n) || !integers(v, n[:]) || n[0] != 0 && n[0] != 1 ||
-		n[0] == 1 && (n[1] < 1 || n[1] > maxInterval.Milliseconds()) {
-		return unexpected(reply)
+	var state int64
+	var ttl time.Duration
+	if err == nil {
+		state, ttl, err = parseRefresh(reply)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if n[0] == 0 {
-		if h.released {
-			return fmt.Errorf("%w: %s was released", ErrHoldLost, h.id)
+	h.refreshing--
+	h.checkLeaseLocked()
+	switch {
+	case h.err != nil:
+		// Given up while this refresh was on its way: its holder was told,
+		// and a late reply does not take that back. A slot it kept in
+		// Redis, or may have, must not stay taken for a TTL for no one.
+		if err == nil && state == holdHeld || err != nil && mayHaveRun(err) {
+			h.giveBackLocked()
 		}
-		h.loseLocked(fmt.Errorf("%w: %s had expired, or the limit was deleted, before its refresh", ErrHoldLost, h.id))
+		return h.err
+	case h.released:
+		if err == nil && state != holdHeld {
+			err = fmt.Errorf("%w: %s was released", ErrHoldLost, h.id)
+		}
+		return err
+	case err != nil:
+		h.lastErr = err
+		return err
+	case state != holdHeld:
+		h.loseLocked(h.goneLocked(state, "refresh"))
 		return h.err
 	}
-	if sent.After(h.renewed) {
-		h.ttl, h.renewed = time.Duration(n[1])*time.Millisecond, sent
+	h.lastErr = nil
+	r := renewal{sent: sent, ttl: ttl}
+	if !sent.Before(h.last.sent) {
+		h.last = r
+	}
+	if r.end().After(h.lease.end()) {
+		h.lease = r
 	}
 	return nil
 }
 
+// parseRefresh reads a refresh's reply: {HELD, ttl ms}, or {GONE or
+// EXPIRED, 0}.
+func parseRefresh(reply any) (int64, time.Duration, error) {
+	v, ok := reply.([]any)
+	var n [2]int64
+	if ok && len(v) == len(n) && integers(v, n[:]) {
+		switch {
+		case n[0] == holdHeld && n[1] >= minInFlightTTL.Milliseconds() && n[1] <= maxInterval.Milliseconds():
+			return holdHeld, time.Duration(n[1]) * time.Millisecond, nil
+		case (n[0] == holdGone || n[0] == holdExpired) && n[1] == 0:
+			return n[0], 0, nil
+		}
+	}
+	return 0, 0, unexpected(reply)
+}
+
 // Release gives the slot back. It returns an error wrapping ErrHoldLost when
-// the hold was lost before it (see Hold): the slot was given back all the
-// same, by its expiry. Any other error (Redis unavailable) leaves the slot
-// taken until the TTL passes, as refreshes stop; calling Release again
-// tries again. Once Redis has answered, Release does nothing more.
+// the hold was lost before it (see Hold): its slot was given back all the
+// same, or is now. Any other error (Redis unavailable) leaves the slot taken
+// until the TTL passes, as refreshes stop; calling Release again tries
+// again. Once Redis has answered, Release does nothing more.
 func (h *Hold) Release(ctx context.Context) error {
 	h.mu.Lock()
 	if h.freed {
 		h.mu.Unlock()
 		return nil
 	}
+	// Work that ends after the lease ran out ran for a while without it.
+	h.checkLeaseLocked()
 	h.released = true
-	if h.timer != nil {
-		h.timer.Stop()
-	}
+	h.stopTimersLocked()
 	h.mu.Unlock()
 	if h.phantom {
 		return nil
@@ -636,18 +763,85 @@ func (h *Hold) Release(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	live, err := zeroOrOne(reply)
-	if err != nil {
-		return err
+	state, ok := reply.(int64)
+	if !ok || state != holdGone && state != holdHeld && state != holdExpired {
+		return unexpected(reply)
 	}
 	h.l.client.released(h.l.name)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.freed = true
-	if !live {
-		h.loseLocked(fmt.Errorf("%w: %s had expired before its release", ErrHoldLost, h.id))
+	if state != holdHeld {
+		h.loseLocked(h.goneLocked(state, "release"))
 	}
 	return h.err
+}
+
+// goneLocked says why a hold that Redis no longer held (state, as op found
+// it) was lost while its lease ran: Redis's clock, or its data, or an
+// operator, and never the holder's refreshes.
+func (h *Hold) goneLocked(state int64, op string) error {
+	if state == holdExpired {
+		return fmt.Errorf("%w: %s had expired in Redis before its %s, though its lease had not run out: Redis's clock ran ahead of this holder's",
+			ErrHoldLost, h.id, op)
+	}
+	return fmt.Errorf("%w: %s was no longer held at its %s, though its lease had not run out: dropped by Reset or Delete, or lost with Redis's data (a restart, a failover), or expired by a Redis clock ahead of this holder's",
+		ErrHoldLost, h.id, op)
+}
+
+// checkLeaseLocked loses the hold if its lease has run out by the Client's
+// clock. Every call on the Hold looks, so that what it says does not wait
+// for the lease's timer.
+func (h *Hold) checkLeaseLocked() {
+	if h.phantom || h.released || h.err != nil || h.l.client.clock().Before(h.lease.end()) {
+		return
+	}
+	m := leaseMargin(h.lease.ttl)
+	why := fmt.Errorf("%w: %s: no refresh succeeded within %v of its last renewal's send (its TTL of %v less a margin of %v): its lease ran out",
+		ErrHoldLost, h.id, h.lease.ttl-m, h.lease.ttl, m)
+	switch {
+	case h.lastErr != nil:
+		why = fmt.Errorf("%w; the last refresh failed: %w", why, h.lastErr)
+	case h.refreshing > 0:
+		why = fmt.Errorf("%w; a refresh is still waiting for Redis", why)
+	}
+	h.loseLocked(why)
+}
+
+// leaseTimer is the lease's timer: it loses the hold at the lease's end,
+// or, renewed since it was set (or on a WithClock clock behind the timers),
+// looks again when the lease should end.
+func (h *Hold) leaseTimer() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.checkLeaseLocked()
+	if h.released || h.err != nil {
+		return
+	}
+	// At least a millisecond: a clock that stands still (a test's) must not
+	// have the timer spin.
+	h.stopLease = h.l.after(max(h.lease.end().Sub(h.l.client.clock()), time.Millisecond), h.leaseTimer)
+}
+
+// giveBackLocked releases the hold in Redis for a holder that gave it up
+// while a refresh that may have renewed it was on its way: at the end of
+// its last renewal's TTL, when the slot would have come back had the
+// refresh never reached Redis, so that the holder keeps the margin it was
+// promised to stop in. Nothing is sent if the holder's own release came.
+func (h *Hold) giveBackLocked() {
+	giveBack := func() {
+		h.mu.Lock()
+		freed := h.freed
+		h.mu.Unlock()
+		if !freed {
+			h.l.releaseID(h.id)
+		}
+	}
+	if d := h.lease.sent.Add(h.lease.ttl).Sub(h.l.client.clock()); d > 0 {
+		h.l.after(d, giveBack)
+		return
+	}
+	go giveBack()
 }
 
 // loseLocked marks the hold lost for why, once.
@@ -657,8 +851,14 @@ func (h *Hold) loseLocked(why error) {
 	}
 	h.err = why
 	close(h.lost)
-	if h.timer != nil {
-		h.timer.Stop()
+	h.stopTimersLocked()
+}
+
+func (h *Hold) stopTimersLocked() {
+	for _, stop := range []func() bool{h.stopRefresh, h.stopLease} {
+		if stop != nil {
+			stop()
+		}
 	}
 }
 
@@ -669,33 +869,28 @@ func (h *Hold) scheduleLocked() {
 		return
 	}
 	if every == 0 {
-		every = max(h.ttl/3, time.Millisecond)
+		every = max(h.last.ttl/3, time.Millisecond)
 	}
-	h.timer = time.AfterFunc(every, h.autoRefresh)
+	h.stopRefresh = h.l.after(every, h.autoRefresh)
 }
 
-// autoRefresh is the timer's refresh. A refresh that fails is tried again
-// at the next tick, until a whole TTL has passed since the last one that
-// succeeded: the hold is lost then.
+// autoRefresh is the timer's refresh. One that fails is tried again at the
+// next tick; the lease, on a timer of its own, decides when to give up.
 func (h *Hold) autoRefresh() {
 	h.mu.Lock()
-	stop, ttl := h.released || h.err != nil, h.ttl
+	stop, ttl := h.released || h.err != nil, h.last.ttl
 	h.mu.Unlock()
 	if stop {
 		return
 	}
-	// No longer than a tick: a Redis that hangs must not stop the next one.
+	// No longer than a tick, where the context bounds the call (go-redis's
+	// ContextTimeoutEnabled): a Redis that hangs must not hold up the next.
 	ctx, cancel := context.WithTimeout(context.Background(), max(ttl/3, time.Millisecond))
-	err := h.Refresh(ctx)
+	_ = h.Refresh(ctx)
 	cancel()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.released || h.err != nil {
-		return
+	if !h.released && h.err == nil {
+		h.scheduleLocked()
 	}
-	if err != nil && h.l.client.clock().Sub(h.renewed) >= h.ttl {
-		h.loseLocked(fmt.Errorf("%w: %s: no refresh succeeded within its TTL of %v: %w", ErrHoldLost, h.id, h.ttl, err))
-		return
-	}
-	h.scheduleLocked()
 }

@@ -64,10 +64,12 @@ func ExampleClient_InFlight() {
 	// held: 2
 }
 
-// A holder that crashes never releases: its hold expires TTL after it was
-// taken or last refreshed, and its slot serves another then. Here the
-// clock is moved by hand (WithClock) and the crashed holder is one that
-// never refreshes.
+// A holder cut off from Redis gives its hold up on its own clock before
+// Redis can hand the slot to another: at TTL − (TTL/10 + 2ms) after its
+// last renewal was sent, 53.998s with a TTL of a minute; the slot is
+// another's from 60s. Here the clock is moved by hand (WithClock), and the
+// holder's refreshes (every 20s of the real clock) never come, as though it
+// were cut off.
 func ExampleHold_Lost() {
 	mr, _ := miniredis.Run()
 	defer mr.Close()
@@ -78,21 +80,27 @@ func ExampleHold_Lost() {
 	client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return now }))
 	jobs := client.InFlight("jobs").WithDefault(redlimit.InFlightConfig{Limit: 1, TTL: time.Minute})
 
-	crashed, _ := jobs.TryAcquire(ctx) // its process dies with the hold
-	now = now.Add(59 * time.Second)
-	other, _ := jobs.TryAcquire(ctx)
-	fmt.Println("at 59s granted:", other != nil)
-	now = now.Add(time.Second)
-	other, _ = jobs.TryAcquire(ctx)
-	fmt.Println("at 60s granted:", other != nil)
+	cutOff, _ := jobs.TryAcquire(ctx)
+	now = now.Add(53997 * time.Millisecond)
+	fmt.Println("at 53.997s held:", cutOff.Err() == nil)
+	now = now.Add(time.Millisecond)
+	<-cutOff.Lost()
+	fmt.Println("at 53.998s held:", cutOff.Err() == nil)
 
-	// Had the crashed holder come back, it would learn it lost its slot.
-	err := crashed.Refresh(ctx)
-	<-crashed.Lost()
-	fmt.Println(errors.Is(err, redlimit.ErrHoldLost))
+	now = now.Add(6001 * time.Millisecond)
+	other, _ := jobs.TryAcquire(ctx)
+	fmt.Println("at 59.999s another granted:", other != nil)
+	now = now.Add(time.Millisecond)
+	other, _ = jobs.TryAcquire(ctx)
+	fmt.Println("at 60s another granted:", other != nil)
+
+	// Its work ran on without the slot from 53.998s: Release says so.
+	fmt.Println(errors.Is(cutOff.Release(ctx), redlimit.ErrHoldLost))
 	_ = other.Release(ctx)
 	// Output:
-	// at 59s granted: false
-	// at 60s granted: true
+	// at 53.997s held: true
+	// at 53.998s held: false
+	// at 59.999s another granted: false
+	// at 60s another granted: true
 	// true
 }

@@ -22,9 +22,12 @@
 -- acquire  {1, ttl ms, limit}: granted (again, for a re-sent script: the id
 --          is held already); {0, ms until the earliest hold expires, limit}:
 --          limit holds or more are live
--- refresh  {1, ttl ms}: the hold expires ttl from now; {0, 0}: it is gone
---          (expired, maybe reclaimed, or released)
--- release  1: the hold was live and is released; 0: it had expired or was gone
+-- refresh  {HELD, ttl ms}: the hold expires ttl from now, or later if it
+--          did already (see hold); {EXPIRED, 0}: it was there, expired;
+--          {GONE, 0}: it was not there (dropped by reset or delete, lost
+--          with Redis's data, swept once expired, or released)
+-- release  HELD: the hold was live and is released (or was, by the same
+--          release re-sent); EXPIRED: it had expired; GONE: it was not there
 -- holders  {id, ms left, id, ms left, …} of the live holds, earliest first
 -- get      {limit, ttl ms}, or {} when none is stored
 -- set      1;  tryset  1 when it stored the config, 0 when one was stored
@@ -70,7 +73,7 @@ local function config()
     end
     return nil
   end
-  local limit, ttl = integer(CONF, 'limit', f[1], 1, MAX_LIMIT), integer(CONF, 'ttl', f[2], 1, MAX_TTL)
+  local limit, ttl = integer(CONF, 'limit', f[1], 1, MAX_LIMIT), integer(CONF, 'ttl', f[2], MIN_TTL, MAX_TTL)
   if not limit or not ttl then
     fail('corrupt ' .. CONF .. ': limit or ttl missing')
   end
@@ -99,10 +102,17 @@ local function in_force()
   return limit, ttl
 end
 
--- hold sets id's expiry ttl from now, and has the holds' key live at least
--- as long: PTTL is -1 on a key just created.
-local function hold(ttl)
-  call(HOLDS, 'ZADD', HOLDS, NOW_MS + ttl, id)
+-- hold keeps id until ttl from now, or until current, its expiry, if that
+-- is later, and has the holds' key live at least ttl: PTTL is -1 on a key
+-- just created. Never bringing an expiry forward is what lets a holder count
+-- on every renewal it saw (Go's lease): each keeps the hold at least its ttl
+-- past the moment it was sent, whatever order the calls ran in (a refresh
+-- held up in the network and run after a later one) and whatever TTL a
+-- later one had.
+local function hold(ttl, current)
+  if not current or current < NOW_MS + ttl then
+    call(HOLDS, 'ZADD', HOLDS, NOW_MS + ttl, id)
+  end
   if call(HOLDS, 'PTTL', HOLDS) < ttl then
     call(HOLDS, 'PEXPIRE', HOLDS, ttl)
   end
@@ -113,35 +123,41 @@ if op == 'acquire' then
   call(HOLDS, 'ZREMRANGEBYSCORE', HOLDS, '-inf', NOW_MS)
   -- Full when the limit-th hold exists. A re-sent script finds its own id
   -- among them, and is granted again: counted once.
-  if #call(HOLDS, 'ZRANGE', HOLDS, limit - 1, limit - 1) > 0 and not call(HOLDS, 'ZSCORE', HOLDS, id) then
+  local mine = tonumber(call(HOLDS, 'ZSCORE', HOLDS, id))
+  if #call(HOLDS, 'ZRANGE', HOLDS, limit - 1, limit - 1) > 0 and not mine then
     local earliest = call(HOLDS, 'ZRANGE', HOLDS, 0, 0, 'WITHSCORES')
     return { 0, tonumber(earliest[2]) - NOW_MS, limit }
   end
-  hold(ttl)
+  hold(ttl, mine)
   return { 1, ttl, limit }
 elseif op == 'refresh' then
+  -- Read before the sweep takes it: a hold that expired is told apart from
+  -- one that is not there at all.
+  local expiry = tonumber(call(HOLDS, 'ZSCORE', HOLDS, id))
   call(HOLDS, 'ZREMRANGEBYSCORE', HOLDS, '-inf', NOW_MS)
-  if not call(HOLDS, 'ZSCORE', HOLDS, id) then
-    return { 0, 0 }
+  if not expiry or expiry == -1 then -- -1: released, which its holder knows
+    return { GONE, 0 }
+  elseif expiry <= NOW_MS then
+    return { EXPIRED, 0 }
   end
   local _, ttl = in_force()
-  hold(ttl)
-  return { 1, ttl }
+  hold(ttl, expiry)
+  return { HELD, ttl }
 elseif op == 'release' then
   -- A hold released in time stays as a tombstone, score -1, which counts
   -- for nothing (it has expired) and goes with the next acquire's sweep: a
   -- re-sent release finds it, and answers as the first run did.
   local expiry = tonumber(call(HOLDS, 'ZSCORE', HOLDS, id))
   if expiry == -1 then
-    return 1
+    return HELD
   elseif not expiry then
-    return 0
+    return GONE
   elseif expiry <= NOW_MS then
     call(HOLDS, 'ZREM', HOLDS, id)
-    return 0
+    return EXPIRED
   end
   call(HOLDS, 'ZADD', HOLDS, -1, id)
-  return 1
+  return HELD
 elseif op == 'holders' then
   local live = call(HOLDS, 'ZRANGEBYSCORE', HOLDS, '(' .. string.format('%d', NOW_MS), '+inf', 'WITHSCORES',
     'LIMIT', 0, MAX_LIMIT)

@@ -9,6 +9,15 @@ const (
 	InFlightConfig            // "" or "source limit ttl-ms"
 )
 
+// What the in-flight script says of a hold on a refresh or a release.
+const (
+	// HoldGone: not in Redis. Dropped by Reset or Delete, lost with Redis's
+	// data, swept once it expired, or released.
+	HoldGone    = iota
+	HoldHeld    // live: refreshed, or released by this call
+	HoldExpired // in Redis, at an expiry that has passed
+)
+
 // InFlightAlgorithm is the name an in-flight limit's config hash stores in
 // its algorithm field.
 const InFlightAlgorithm = "inflight"
@@ -18,6 +27,9 @@ const (
 	// hold that has expired in one call, and a crash of every holder leaves
 	// that many.
 	MaxInFlightLimit = 100_000
+	// MinTTLMS bounds an in-flight TTL from below: a hold's lease ends a
+	// tenth of it and 2ms before it, and must leave time to refresh.
+	MinTTLMS = 10
 	// MaxTTLMS bounds intervals, keep-alives and TTLs, ms: ten years keeps
 	// now plus any of them, in µs, far inside the exact range of doubles.
 	MaxTTLMS = 10 * 365 * 24 * 3600 * 1000

@@ -71,8 +71,10 @@ func LuaHeader() string {
 func InFlightHeader() string {
 	return fmt.Sprintf("-- The contract, declared by internal/wire.\n"+
 		"local OP, NOW, HOLD, CONFIG = %d, %d, %d, %d -- ARGV's\n"+
-		"local ALGORITHM, MAX_LIMIT, MAX_TTL = %s, %d, %d\n",
-		InFlightOp, InFlightNow, InFlightHold, InFlightConfig, q(InFlightAlgorithm), MaxInFlightLimit, MaxTTLMS)
+		"local ALGORITHM, MAX_LIMIT, MIN_TTL, MAX_TTL = %s, %d, %d, %d\n"+
+		"local GONE, HELD, EXPIRED = %d, %d, %d -- a hold's state, as refresh and release reply\n",
+		InFlightOp, InFlightNow, InFlightHold, InFlightConfig, q(InFlightAlgorithm), MaxInFlightLimit, MinTTLMS, MaxTTLMS,
+		HoldGone, HoldHeld, HoldExpired)
 }
 
 // q quotes s as a Lua string.
