@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -116,21 +117,40 @@ func algorithmNames() []string {
 	return names
 }
 
-// tally counts one instance's decisions in one window of the limit.
+// tally counts one instance's decisions, or all of them, in one window of
+// the limit.
 type tally struct {
 	granted, denied int
-	limits          []int64 // every Limit Redis reported in the window
+	// Every Limit Redis reported in the window, with the first instant it
+	// did: the window of a change shows the old limit, then the new.
+	limits map[int64]time.Time
 }
 
-func (t *tally) add(r redlimit.Result) {
+func (t *tally) add(at time.Time, r redlimit.Result) {
 	if r.Allowed {
 		t.granted++
 	} else {
 		t.denied++
 	}
-	if !slices.Contains(t.limits, r.Limit) {
-		t.limits = append(t.limits, r.Limit)
+	t.saw(r.Limit, at)
+}
+
+// saw records that the limit was in force at an instant.
+func (t *tally) saw(limit int64, at time.Time) {
+	if t.limits == nil {
+		t.limits = map[int64]time.Time{}
 	}
+	if first, ok := t.limits[limit]; !ok || at.Before(first) {
+		t.limits[limit] = at
+	}
+}
+
+// inOrder returns the limits in the order they came into force, so that a
+// change from 20 to 10 reads 20→10 whichever instance saw which.
+func (t *tally) inOrder() []int64 {
+	limits := slices.Collect(maps.Keys(t.limits))
+	slices.SortFunc(limits, func(a, b int64) int { return t.limits[a].Compare(t.limits[b]) })
+	return limits
 }
 
 // instanceResult is what one instance saw.
@@ -255,7 +275,7 @@ func (r *instanceResult) record(at time.Time, res redlimit.Result, changedAt *ti
 	if r.windows[window] == nil {
 		r.windows[window] = &tally{}
 	}
-	r.windows[window].add(res)
+	r.windows[window].add(at, res)
 	if changedAt != nil && at.After(*changedAt) {
 		switch {
 		case res.Limit == newRate && r.followed < 0:
@@ -301,10 +321,8 @@ func (d demoResult) report(w io.Writer) bool {
 			}
 			windows[at].granted += t.granted
 			windows[at].denied += t.denied
-			for _, l := range t.limits {
-				if !slices.Contains(windows[at].limits, l) {
-					windows[at].limits = append(windows[at].limits, l)
-				}
+			for l, first := range t.limits {
+				windows[at].saw(l, first)
 			}
 		}
 	}
@@ -320,27 +338,25 @@ func (d demoResult) report(w io.Writer) bool {
 	exceeded := 0
 	for _, at := range slices.Sorted(maps.Keys(windows)) {
 		t := windows[at]
-		limit := slices.Max(t.limits)
-		bound := limit
+		limits := t.inOrder()
+		bound := slices.Max(limits)
 		if s.algorithm == "funnel" {
-			bound = 2 * limit // a full funnel (Burst = Rate) plus what drains in a second
+			bound = 2 * bound // a full funnel (Burst = Rate) plus what drains in a second
 		}
 		held := "yes"
 		if int64(t.granted) > bound {
 			held = "NO"
 			exceeded++
 		}
-		for _, l := range t.limits {
+		inForce := make([]string, len(limits))
+		for i, l := range limits {
 			if l != s.rate && l != s.newRate {
 				held += fmt.Sprintf(" (Redis reported a limit of %d)", l)
 				exceeded++
 			}
+			inForce[i] = strconv.FormatInt(l, 10)
 		}
-		limits := ""
-		for _, l := range t.limits {
-			limits += fmt.Sprintf("/%d", l)
-		}
-		row := fmt.Sprintf("%s\t%s\t%d\t%d\t%d", time.Unix(at, 0).Format("15:04:05"), limits[1:], bound, t.granted, t.denied)
+		row := fmt.Sprintf("%s\t%s\t%d\t%d\t%d", time.Unix(at, 0).Format("15:04:05"), strings.Join(inForce, "→"), bound, t.granted, t.denied)
 		if showInstances {
 			for _, r := range d.instances {
 				n := 0

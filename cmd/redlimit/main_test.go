@@ -486,6 +486,37 @@ func TestDemoCheckFails(t *testing.T) {
 	})
 }
 
+// TestDemoLimitColumn: the window of a change shows the limit before it,
+// then the one after (20→10), whichever instance saw which. Here
+// instance-1, listed first, saw only the new limit, and the old one came
+// from instance-2: merged in the instances' order, this read "10/20".
+func TestDemoLimitColumn(t *testing.T) {
+	second := time.Unix(1_800_000_000, 0)
+	changedAt := second.Add(500 * time.Millisecond)
+	settings := demoSettings{instances: 2, algorithm: "fixed_window", rate: 20, newRate: 10}
+	a := instanceResult{id: "instance-1", windows: map[int64]*tally{}, followed: -1}
+	b := instanceResult{id: "instance-2", windows: map[int64]*tally{}, followed: -1}
+	decide := func(r *instanceResult, after time.Duration, limit int64) {
+		r.record(second.Add(after), redlimit.Result{Allowed: true, Limit: limit}, &changedAt, settings.rate, settings.newRate)
+	}
+	decide(&a, 600*time.Millisecond, 10)
+	decide(&b, 400*time.Millisecond, 20)
+	decide(&b, 1100*time.Millisecond, 10)
+	var out bytes.Buffer
+	if !(demoResult{settings: settings, changedAt: changedAt, instances: []instanceResult{a, b}}).report(&out) {
+		t.Errorf("the limit did not hold:\n%s", out.String())
+	}
+	for _, want := range []string{
+		"second    limit  at most  granted  denied  instance-1  instance-2  held\n",
+		second.Format("15:04:05") + "  20→10  20       2        0       1           1           yes   ← SetRate\n",
+		second.Add(time.Second).Format("15:04:05") + "  10     10       1        0       0           1           yes\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
 // TestErrorsAreShort: a refused value is one line; a malformed command line
 // adds the synopsis and where the flags are, never the whole usage (which
 // buried the one line that mattered).
