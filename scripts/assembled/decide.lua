@@ -1435,7 +1435,8 @@ local function decide(name, op, k, a, na)
           retry, bound = -1, i - 1
           return
         end
-        local wait = charge and 0 or (n > 0 and step(i).wait(s, n, now) or 0)
+        -- (A peek too: a limiter over a rate lowered since says so.)
+        local wait = charge and 0 or step(i).wait(s, n, now)
         if not most or wait > most then
           most = wait
           if wait > 0 then bound = i - 1 end
