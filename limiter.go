@@ -396,7 +396,7 @@ func (l *Limiter) Charge(ctx context.Context, permits int64) (Result, error) {
 	case !l.alg.Charges:
 		return Result{}, fmt.Errorf("%w: Charge: a %s cannot hold a debt exactly", ErrUnsupported, l.alg.Name)
 	case permits < 0 || permits > maxPermits:
-		return Result{}, fmt.Errorf("%w: %d", ErrInvalidPermits, permits)
+		return Result{}, fmt.Errorf("%w: %d: at most 2^53 - 1", ErrInvalidPermits, permits)
 	case l.alg.Records && permits > maxLogRate:
 		return Result{}, fmt.Errorf("%w: %d: a token bucket's record holds at most %d permits", ErrInvalidPermits, permits, int64(maxLogRate))
 	}
@@ -407,8 +407,8 @@ func (l *Limiter) Charge(ctx context.Context, permits int64) (Result, error) {
 }
 
 // maxPermits bounds the permits of a charge or a reservation: the scripts'
-// numbers are doubles, exact to 2^53.
-const maxPermits = 1 << 53
+// numbers are doubles, exact below 2^53.
+const maxPermits = 1<<53 - 1
 
 // Config returns the stored config, or the handle's default when none is stored.
 func (l *Limiter) Config(ctx context.Context) (Config, error) {

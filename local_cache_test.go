@@ -241,3 +241,55 @@ func TestLocalCacheSweep(t *testing.T) {
 	assert.True(t, ok)
 	assert.Equal(t, time.Hour, r.RetryAfter)
 }
+
+// A cached denial answers only what Redis would answer, and shadow mode is
+// the stored config's (SetShadow, from any instance): a decision made in
+// shadow mode is never cached, so switching shadow off reaches the next
+// request; and a cached enforcing denial lasts at most CacheMaxAge, so
+// switching shadow on (an operator ending enforcement in an incident)
+// reaches every instance within it. Before, a denial cached in shadow mode
+// kept granting for its whole RetryAfter (an hour on a per-hour limit)
+// after shadow was switched off, and an enforcing one kept denying as long.
+func TestLocalCacheFollowsShadowMode(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		clk := newClock()
+		name := uniqueName(t)
+		cfg := a.tune(PerHour(3), 0, 0)
+		l := a.new(newClient(rdb, clk, WithLocalCache()), name).WithDefault(cfg)
+		operator := a.new(newClient(rdb, clk), name)
+		require.NoError(t, operator.SetRate(ctx, cfg))
+		require.NoError(t, operator.SetShadow(ctx, true))
+		for range 3 {
+			r, err := l.Allow(ctx, 1)
+			require.NoError(t, err)
+			require.Equal(t, ReasonLimit, r.Reason)
+		}
+		r, err := l.Allow(ctx, 1)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		require.Equal(t, ReasonShadow, r.Reason, "the limit denied it; shadow mode grants")
+		require.GreaterOrEqual(t, r.RetryAfter, 20*time.Minute)
+
+		require.NoError(t, operator.SetShadow(ctx, false))
+		r, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.False(t, r.Allowed, "shadow off: the next decision enforces")
+		assert.Equal(t, ReasonLimit, r.Reason)
+		r, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.False(t, r.Allowed)
+		assert.Equal(t, ReasonCache, r.Reason, "an enforcing denial is cached")
+
+		require.NoError(t, operator.SetShadow(ctx, true))
+		clk.Add(CacheMaxAge - time.Millisecond)
+		r, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.False(t, r.Allowed, "until CacheMaxAge has passed, the cached denial stands")
+		clk.Add(time.Millisecond)
+		r, err = l.Allow(ctx, 1)
+		require.NoError(t, err)
+		assert.True(t, r.Allowed, "shadow on reaches the instance within CacheMaxAge")
+		assert.Equal(t, ReasonShadow, r.Reason)
+	})
+}

@@ -465,6 +465,35 @@ local function decide(name, op, k, a, na)
   -- Write.
   local config_key = is_stored and cfg.keepalive == 0 and key1 or nil
   local reset = 0
+  -- life: how long a grant counts at most (ms), its rates' longest
+  -- interval, or the time a funnel takes to drain when its burst exceeds
+  -- its rate.
+  local life = 0
+  for _, r in ipairs(rates) do
+    life = math.max(life, r[2], r[3] * r[2] / r[1])
+  end
+  life = life + (-life) % 1
+  if kind == 1 and (counted or list[1].grant and not list[1].resent) then
+    -- The registry lets Delete, Reset and Expire reach every client's keys.
+    -- It lives as long as any client's state can. It is written first, as
+    -- the one key a grant writes that no read has checked: of another type,
+    -- it refuses the request with nothing written.
+    local registry = KEYS[k + info.registry]
+    local added = redis.pcall('ZADD', registry, now_ms, arg(a, na, A_CLIENT_ID))
+    if type(added) == 'table' then
+      corrupt(registry, added.err)
+    end
+    local life_ms = life
+    local cap = config_key and redis.call('PTTL', config_key)
+    if cap and cap > 0 and cap < life_ms then life_ms = cap end
+    redis.call('PEXPIRE', registry, life_ms)
+    -- PerClient state is in keys of each algorithm's own (and the registry,
+    -- which all share): on a default, a marker in the limiter's key as the
+    -- token bucket's, for as long as the registry lives.
+    if none then
+      redis.call('SET', key1, name, 'PX', life_ms)
+    end
+  end
   if not info.in_config then
     -- The token bucket writes its own state: a grant, a release, or a cache
     -- a request for permits found wrong (a peek writes nothing).
@@ -475,14 +504,6 @@ local function decide(name, op, k, a, na)
       end
     end
   end
-  -- life: how long a grant counts at most (ms), its rates' longest
-  -- interval, or the time a funnel takes to drain when its burst exceeds
-  -- its rate.
-  local life = 0
-  for _, r in ipairs(rates) do
-    life = math.max(life, r[2], r[3] * r[2] / r[1])
-  end
-  life = life + (-life) % 1
   if LOG and counted then
     -- A reservation's id stays while its grant may be released.
     log_request(requests, id, now_ms, op == OP_RESERVE and math.max(log_window + 0, life) or log_window)
@@ -558,27 +579,6 @@ local function decide(name, op, k, a, na)
       redis.call('SET', key1, name, 'PX', string.format('%d', ms))
     elseif marked then
       redis.call('DEL', key1)
-    end
-  end
-  if counted and kind == 1 then
-    -- The registry lets Delete, Reset and Expire reach every client's keys.
-    -- It lives as long as any client's state can: one interval, or the time
-    -- a funnel takes to drain when its burst exceeds its rate, the longest
-    -- of any rate's.
-    local registry = KEYS[k + info.registry]
-    local added = redis.pcall('ZADD', registry, now_ms, arg(a, na, A_CLIENT_ID))
-    if type(added) == 'table' then
-      corrupt(registry, added.err)
-    end
-    local life_ms = life
-    local cap = config_key and redis.call('PTTL', config_key)
-    if cap and cap > 0 and cap < life_ms then life_ms = cap end
-    redis.call('PEXPIRE', registry, life_ms)
-    -- PerClient state is in keys of each algorithm's own (and the registry,
-    -- which all share): on a default, a marker in the limiter's key as the
-    -- token bucket's, for as long as the registry lives.
-    if none then
-      redis.call('SET', key1, name, 'PX', life_ms)
     end
   end
   if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= OP_RELEASE then

@@ -67,9 +67,9 @@ function window.wait(s, permits, now)
   return 0
 end
 
--- commit refuses (false) a count past what doubles hold exactly.
+-- commit refuses (false) a count doubles do not hold exactly: 2^53 or more.
 function window.commit(s, permits)
-  if s.count + permits > MAX then
+  if s.count + permits >= MAX then
     return false
   end
   s.count = s.count + permits

@@ -99,10 +99,10 @@ function sliding.wait(s, permits, now)
 end
 
 -- commit counts a grant in this sub-window; the state's expiry moves only
--- when the sub-window is new. It refuses (false) a count past what doubles
--- hold exactly.
+-- when the sub-window is new. It refuses (false) a count doubles do not
+-- hold exactly: 2^53 or more.
 function sliding.commit(s, permits)
-  if s.total + permits > MAX then
+  if s.total + permits >= MAX then
     return false
   end
   local live, current = s.live, s.current

@@ -238,7 +238,7 @@ end
 -- first run's: resent (false). write makes the plan; a record's count stays
 -- within its 4 bytes, else the grant gets a record of its own.
 function bucket.commit(s, permits, _, id)
-  if s.available - permits < -MAX then
+  if s.available - permits <= -MAX then
     return false, 'a debt past what the value key holds exactly'
   end
   local member, score, start
@@ -427,7 +427,7 @@ end
 -- commit counts a grant; write joins it to its slice's record, whose time
 -- never goes back, so that the totals grow with the scores.
 function further.commit(s, permits)
-  if s.total + permits > MAX then
+  if s.total + permits >= MAX then
     return false, 'a total past what doubles hold exactly'
   end
   s.permits = permits

@@ -306,7 +306,7 @@ end
 -- first run's: resent (false). write makes the plan; a record's count stays
 -- within its 4 bytes, else the grant gets a record of its own.
 function bucket.commit(s, permits, _, id)
-  if s.available - permits < -MAX then
+  if s.available - permits <= -MAX then
     return false, 'a debt past what the value key holds exactly'
   end
   local member, score, start
@@ -495,7 +495,7 @@ end
 -- commit counts a grant; write joins it to its slice's record, whose time
 -- never goes back, so that the totals grow with the scores.
 function further.commit(s, permits)
-  if s.total + permits > MAX then
+  if s.total + permits >= MAX then
     return false, 'a total past what doubles hold exactly'
   end
   s.permits = permits
@@ -824,9 +824,9 @@ function window.wait(s, permits, now)
   return 0
 end
 
--- commit refuses (false) a count past what doubles hold exactly.
+-- commit refuses (false) a count doubles do not hold exactly: 2^53 or more.
 function window.commit(s, permits)
-  if s.count + permits > MAX then
+  if s.count + permits >= MAX then
     return false
   end
   s.count = s.count + permits
@@ -965,10 +965,10 @@ function sliding.wait(s, permits, now)
 end
 
 -- commit counts a grant in this sub-window; the state's expiry moves only
--- when the sub-window is new. It refuses (false) a count past what doubles
--- hold exactly.
+-- when the sub-window is new. It refuses (false) a count doubles do not
+-- hold exactly: 2^53 or more.
 function sliding.commit(s, permits)
-  if s.total + permits > MAX then
+  if s.total + permits >= MAX then
     return false
   end
   local live, current = s.live, s.current

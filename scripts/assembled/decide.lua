@@ -344,7 +344,7 @@ end
 -- first run's: resent (false). write makes the plan; a record's count stays
 -- within its 4 bytes, else the grant gets a record of its own.
 function bucket.commit(s, permits, _, id)
-  if s.available - permits < -MAX then
+  if s.available - permits <= -MAX then
     return false, 'a debt past what the value key holds exactly'
   end
   local member, score, start
@@ -533,7 +533,7 @@ end
 -- commit counts a grant; write joins it to its slice's record, whose time
 -- never goes back, so that the totals grow with the scores.
 function further.commit(s, permits)
-  if s.total + permits > MAX then
+  if s.total + permits >= MAX then
     return false, 'a total past what doubles hold exactly'
   end
   s.permits = permits
@@ -862,9 +862,9 @@ function window.wait(s, permits, now)
   return 0
 end
 
--- commit refuses (false) a count past what doubles hold exactly.
+-- commit refuses (false) a count doubles do not hold exactly: 2^53 or more.
 function window.commit(s, permits)
-  if s.count + permits > MAX then
+  if s.count + permits >= MAX then
     return false
   end
   s.count = s.count + permits
@@ -1003,10 +1003,10 @@ function sliding.wait(s, permits, now)
 end
 
 -- commit counts a grant in this sub-window; the state's expiry moves only
--- when the sub-window is new. It refuses (false) a count past what doubles
--- hold exactly.
+-- when the sub-window is new. It refuses (false) a count doubles do not
+-- hold exactly: 2^53 or more.
 function sliding.commit(s, permits)
-  if s.total + permits > MAX then
+  if s.total + permits >= MAX then
     return false
   end
   local live, current = s.live, s.current
@@ -1480,6 +1480,35 @@ local function decide(name, op, k, a, na)
   -- Write.
   local config_key = is_stored and cfg.keepalive == 0 and key1 or nil
   local reset = 0
+  -- life: how long a grant counts at most (ms), its rates' longest
+  -- interval, or the time a funnel takes to drain when its burst exceeds
+  -- its rate.
+  local life = 0
+  for _, r in ipairs(rates) do
+    life = math.max(life, r[2], r[3] * r[2] / r[1])
+  end
+  life = life + (-life) % 1
+  if kind == 1 and (counted or list[1].grant and not list[1].resent) then
+    -- The registry lets Delete, Reset and Expire reach every client's keys.
+    -- It lives as long as any client's state can. It is written first, as
+    -- the one key a grant writes that no read has checked: of another type,
+    -- it refuses the request with nothing written.
+    local registry = KEYS[k + info.registry]
+    local added = redis.pcall('ZADD', registry, now_ms, arg(a, na, A_CLIENT_ID))
+    if type(added) == 'table' then
+      corrupt(registry, added.err)
+    end
+    local life_ms = life
+    local cap = config_key and redis.call('PTTL', config_key)
+    if cap and cap > 0 and cap < life_ms then life_ms = cap end
+    redis.call('PEXPIRE', registry, life_ms)
+    -- PerClient state is in keys of each algorithm's own (and the registry,
+    -- which all share): on a default, a marker in the limiter's key as the
+    -- token bucket's, for as long as the registry lives.
+    if none then
+      redis.call('SET', key1, name, 'PX', life_ms)
+    end
+  end
   if not info.in_config then
     -- The token bucket writes its own state: a grant, a release, or a cache
     -- a request for permits found wrong (a peek writes nothing).
@@ -1490,14 +1519,6 @@ local function decide(name, op, k, a, na)
       end
     end
   end
-  -- life: how long a grant counts at most (ms), its rates' longest
-  -- interval, or the time a funnel takes to drain when its burst exceeds
-  -- its rate.
-  local life = 0
-  for _, r in ipairs(rates) do
-    life = math.max(life, r[2], r[3] * r[2] / r[1])
-  end
-  life = life + (-life) % 1
   if LOG and counted then
     -- A reservation's id stays while its grant may be released.
     log_request(requests, id, now_ms, op == OP_RESERVE and math.max(log_window + 0, life) or log_window)
@@ -1573,27 +1594,6 @@ local function decide(name, op, k, a, na)
       redis.call('SET', key1, name, 'PX', string.format('%d', ms))
     elseif marked then
       redis.call('DEL', key1)
-    end
-  end
-  if counted and kind == 1 then
-    -- The registry lets Delete, Reset and Expire reach every client's keys.
-    -- It lives as long as any client's state can: one interval, or the time
-    -- a funnel takes to drain when its burst exceeds its rate, the longest
-    -- of any rate's.
-    local registry = KEYS[k + info.registry]
-    local added = redis.pcall('ZADD', registry, now_ms, arg(a, na, A_CLIENT_ID))
-    if type(added) == 'table' then
-      corrupt(registry, added.err)
-    end
-    local life_ms = life
-    local cap = config_key and redis.call('PTTL', config_key)
-    if cap and cap > 0 and cap < life_ms then life_ms = cap end
-    redis.call('PEXPIRE', registry, life_ms)
-    -- PerClient state is in keys of each algorithm's own (and the registry,
-    -- which all share): on a default, a marker in the limiter's key as the
-    -- token bucket's, for as long as the registry lives.
-    if none then
-      redis.call('SET', key1, name, 'PX', life_ms)
     end
   end
   if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= OP_RELEASE then

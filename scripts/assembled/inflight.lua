@@ -167,13 +167,19 @@ elseif op == 'refresh' then
   -- Read before the sweep takes it: a hold that expired is told apart from
   -- one that is not there at all.
   local expiry = tonumber(call(HOLDS, 'ZSCORE', HOLDS, id))
+  local live = expiry and expiry ~= -1 and expiry > NOW_MS -- -1: released, which its holder knows
+  -- What may refuse the call (a config corrupt, or deleted with no
+  -- default) is read before the sweep writes: a script is not rolled back.
+  local limit, ttl = nil, nil
+  if live then
+    limit, ttl = in_force()
+  end
   call(HOLDS, 'ZREMRANGEBYSCORE', HOLDS, '-inf', NOW_MS)
-  if not expiry or expiry == -1 then -- -1: released, which its holder knows
+  if not expiry or expiry == -1 then
     return { GONE, 0 }
-  elseif expiry <= NOW_MS then
+  elseif not live then
     return { EXPIRED, 0 }
   end
-  local _, ttl = in_force()
   hold(ttl, expiry)
   return { HELD, ttl }
 elseif op == 'release' then
