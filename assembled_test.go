@@ -20,7 +20,7 @@ func TestAssembledScriptsAreCommitted(t *testing.T) {
 	write := os.Getenv("REDLIMIT_WRITE_SCRIPTS") == "1"
 	dir := filepath.Join("scripts", "assembled")
 	want := map[string]bool{}
-	for _, s := range []*evalsha.Script{scripts.Decide, scripts.Admin, scripts.InFlight} {
+	for _, s := range scripts.All() {
 		path := filepath.Join(dir, s.Name+".lua")
 		want[s.Name+".lua"] = true
 		require.True(t, strings.HasPrefix(s.Source, evalsha.Banner), "%s: every assembled script says it is generated", s.Name)

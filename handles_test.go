@@ -36,8 +36,7 @@ func TestFreshHandlesLearnFromTheirPredecessors(t *testing.T) {
 				}
 				y := a.new(newClient(rdb, clk, WithClientID("y")), name)
 				require.NoError(t, y.SetRate(ctx, Config{Type: PerClient, Rate: 5, Interval: time.Minute}))
-				_, err := y.AvailablePermits(ctx) // loads the decision script: x's calls meet no NOSCRIPT
-				require.NoError(t, err)
+				loadScripts(t, rdb) // x's calls meet no NOSCRIPT
 
 				for i := range 10 {
 					ok, err := handle().TryAcquire(ctx, 1)

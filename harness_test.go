@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/wire"
 )
@@ -99,11 +100,21 @@ func (h *commandLog) record(cmd redis.Cmder) {
 // carries: its algorithm, op and config source.
 type sentRequest struct{ alg, op, source string }
 
-// requestsOf lists the requests an EVALSHA of the decision script carries,
+// decisionScripts are the SHAs of the scripts that take decision requests:
+// the decision script, and the lean one of each algorithm.
+var decisionScripts = func() map[any]bool {
+	shas := map[any]bool{scripts.Decide.SHA: true}
+	for _, s := range scripts.Lean {
+		shas[s.SHA] = true
+	}
+	return shas
+}()
+
+// requestsOf lists the requests an EVALSHA of a decision script carries,
 // in the framing internal/wire declares. commandLog counts them as
 // "requests <algorithm>".
 func requestsOf(args []any) []sentRequest {
-	if len(args) < 3 || args[0] != "evalsha" || args[1] != scripts.Decide.SHA {
+	if len(args) < 3 || args[0] != "evalsha" || !decisionScripts[args[1]] {
 		return nil
 	}
 	n, _ := args[2].(int)
@@ -204,4 +215,13 @@ func parseResult(reply any, dflt Config) (Result, error) {
 		return Result{}, unexpected(reply)
 	}
 	return resultOf(d), nil
+}
+
+// loadScripts loads every script on rdb's server(s), so that a test's
+// count of calls meets no NOSCRIPT.
+func loadScripts(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	for _, s := range scripts.All() {
+		require.NoError(t, rdb.ScriptLoad(context.Background(), s.Source).Err())
+	}
 }

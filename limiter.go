@@ -109,6 +109,9 @@ type family struct {
 	// calendars: the calendar rates a script last named for the limiter
 	// (wire.ReplyCalendar), or nil.
 	calendars atomic.Pointer[calendarSet]
+	// full: the limiter needs the decision script (a stored config of
+	// several rates, say): its decisions do not try the lean one.
+	full atomic.Bool
 	// withDefault is the latest handle base.WithDefault made, given again
 	// for an equal config: one per family keeps them bounded, and a service
 	// gives one name one default.

@@ -571,15 +571,14 @@ func TestDecisionSendsClientKeysOnceNeeded(t *testing.T) {
 		}
 
 		require.NoError(t, y.SetRate(ctx, Config{Rate: 3, Interval: time.Minute}))
-		_, err := y.AvailablePermits(ctx) // loads the decision script: no NOSCRIPT below
-		require.NoError(t, err)
+		loadScripts(t, rdb) // no NOSCRIPT below
 		log.keysSent()
 		for i, want := range []bool{true, true} {
 			ok, err := x.TryAcquire(ctx, 1)
 			require.NoError(t, err)
 			assert.Equal(t, want, ok, "Overall attempt %d", i)
 		}
-		_, err = x.AvailablePermits(ctx)
+		_, err := x.AvailablePermits(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, []any{short, short, short}, log.keysSent(), "Overall decisions send the short list")
 

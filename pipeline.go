@@ -201,7 +201,14 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendar
 	args[wire.ArgID-1], args[wire.ArgLogWindow-1], args[wire.ArgClientID-1] = id, logWindow, l.clientID
 	args[wire.ArgLeast-1], args[wire.ArgGrantAt-1], args[wire.ArgGrantSize-1] = req.least, req.grantAt, req.grantSize
-	reply, err := c.transport.Decide(ctx, evalsha.Request{Algorithm: l.algArg, Op: req.op, Keys: keys, Args: args[:n]})
+	// The common decision alone runs the lean script of its algorithm (a
+	// fraction of the decision script's cost), unless the limiter has been
+	// found to need more.
+	var lean *evalsha.Script
+	if n == wire.ArgConfig && req.op == opAllow && l.calendars == nil && len(l.dfltRates) <= 1 && !l.family.full.Load() {
+		lean = scripts.Lean[l.alg.Name]
+	}
+	reply, err := c.transport.Decide(ctx, evalsha.Request{Algorithm: l.algArg, Op: req.op, Keys: keys, Args: args[:n], Lean: lean})
 	clear(args)
 	*pooled = args[:0]
 	argsPool.Put(pooled)
@@ -209,6 +216,9 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 		return Result{}, wire.Decision{}, err
 	}
 	switch s, _ := reply.(string); {
+	case s == wire.ReplyFullScript && lean != nil:
+		l.family.full.Store(true)
+		return l.ask(ctx, req)
 	case s == wire.ReplyPerClient && !whole:
 		l.family.perClient.Store(true)
 		return l.ask(ctx, req)

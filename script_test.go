@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/redlimit/redlimit/internal/evalsha"
 	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/redlimit/redlimit/internal/wire"
 )
@@ -264,7 +263,7 @@ func fuzzReply(data *[]byte, depth int) any {
 func TestScriptsAreIntegersOnly(t *testing.T) {
 	// Redis truncates Lua floats in replies and real Redis prints numbers
 	// with %.14g when concatenated: no script may concatenate a number.
-	for _, s := range []*evalsha.Script{scripts.Decide, scripts.Admin, scripts.InFlight} {
+	for _, s := range scripts.All() {
 		assert.NotContains(t, s.Source, "tostring(", s.Name)
 		assert.NotContains(t, s.Source, "#!lua", "%s: shebangs break miniredis and Dragonfly", s.Name)
 	}

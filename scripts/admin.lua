@@ -236,7 +236,7 @@ end
 -- change only their own algorithm's.
 local HASH_READ = { unpack(CONFIG_FIELDS) }
 HASH_READ[9], HASH_READ[10] = 'algorithm', 'shadow'
-for i, field in ipairs(STATE_FIELDS) do HASH_READ[10 + i] = field end
+for i, field in ipairs(STATE_FIELD_LIST) do HASH_READ[10 + i] = field end
 
 local function owned()
   if flat() then

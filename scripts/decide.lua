@@ -73,9 +73,10 @@ end
 
 -- configs holds each config argument parsed, by its text: a batch's
 -- requests mostly share one. A config is { source, rates, kind, keepalive,
--- spec, more }: rates are { rate, interval, burst, buckets } each, the
--- config's own first; spec, its calendar rates as the hash's field keeps
--- them; more, its further rates as the hash's field keeps them.
+-- spec, more }: rates, four numbers a rate (rate, interval ms, burst,
+-- buckets, the defaults applied), its own first; spec, its calendar rates
+-- as the hash's field keeps them; more, its further rates as the hash's
+-- field keeps them.
 local configs = {}
 
 -- rates_of parses a config's rates (its own, then more's, four numbers
@@ -89,14 +90,14 @@ local function rates_of(rate, interval, burst, buckets, more)
         and (buckets == 0 and DEFAULT_BUCKETS or buckets) <= interval) then
     return nil
   end
-  local rates = { { rate, interval, burst == 0 and rate or burst, buckets == 0 and DEFAULT_BUCKETS or buckets } }
+  local rates = { rate, interval, burst == 0 and rate or burst, buckets == 0 and DEFAULT_BUCKETS or buckets }
   if more and more ~= '' then
     if string.byte(more, -1) == 32 then return nil end -- a trailing space
     local last = 0
     while last < #more do
       local _, r, i, b, bk
       _, last, r, i, b, bk = string.find(more, '^(%d+) (%d+) (%d+) (%d+) ?', last + 1)
-      if not last or #rates == MAX_RATES then
+      if not last or #rates == 4 * MAX_RATES then
         return nil
       end
       r, i, b, bk = r + 0, i + 0, b + 0, bk + 0
@@ -104,7 +105,8 @@ local function rates_of(rate, interval, burst, buckets, more)
             and (bk == 0 and DEFAULT_BUCKETS or bk) <= i) then
         return nil
       end
-      rates[#rates + 1] = { r, i, b == 0 and r or b, bk == 0 and DEFAULT_BUCKETS or bk }
+      local j = #rates
+      rates[j + 1], rates[j + 2], rates[j + 3], rates[j + 4] = r, i, b == 0 and r or b, bk == 0 and DEFAULT_BUCKETS or bk
     end
   end
   return rates
@@ -128,24 +130,24 @@ local function given(arg)
   return cfg
 end
 
--- stored reads the config the limiter's hash holds (HMGET's fields, in
--- HASH_FIELDS' order), or returns nil for one this algorithm cannot use
--- (admin.lua's diagnose names the culprit).
-local function stored(f, info)
+-- stored reads the config the limiter's hash holds (the fields alg.read
+-- reads, H_RATE … in their order), or returns nil for one this algorithm
+-- cannot use (admin.lua's diagnose names the culprit).
+local function stored(f, alg)
   local rate, interval, kind, keepalive = tonumber(f[H_RATE]), tonumber(f[H_INTERVAL]),
       tonumber(f[H_TYPE] or 0), tonumber(f[H_KEEPALIVE] or 0)
-  if (f[H_ALGORITHM] or 'tokenbucket') ~= info.name or not (kind and keepalive
+  if (f[H_ALGORITHM] or 'tokenbucket') ~= alg.NAME or not (kind and keepalive
         and kind % 1 + keepalive % 1 == 0 and (kind == 0 or kind == 1) and keepalive >= 0 and keepalive <= MAX
-        and (not info.records or rate and rate <= 4294967295)) then
+        and (not alg.RECORDS or rate and rate <= MAX_LOG_RATE)) then
     return nil
   end
   local burst, buckets, spec = 0, 0, nil
   local own = f[H_OWN]
-  if info.own == 'burst' then
+  if alg.OWN == 'burst' then
     burst = tonumber(own or 0)
-  elseif info.own == 'buckets' then
+  elseif alg.OWN == 'buckets' then
     buckets = tonumber(own or 0)
-  elseif info.own == 'calendar' and own and own ~= '' then
+  elseif alg.OWN == 'calendar' and own and own ~= '' then
     spec = own
   end
   if not (burst and buckets) then
@@ -161,7 +163,7 @@ end
 
 -- read_limiter reads the limiter's key. It is a hash (a stored config, or
 -- state fields: Throttle's, or a default's written before the config) or,
--- for an algorithm whose Overall state is fields (in_config), while no
+-- for an algorithm whose Overall state is fields (IN_CONFIG), while no
 -- config is stored, a flat state: the Overall state as a string (each
 -- rate's fields space-separated, ';' between rates), which GET reads and
 -- SET … PX writes at less cost than HMGET, HSET and PEXPIRE; or, while no
@@ -171,9 +173,9 @@ end
 -- decision met no hash reads a string, any other request a hash), and a
 -- wrong guess costs a failed command: the reply's kind tells the client
 -- what was found, so that its next guess is right.
--- It returns f, the hash's fields (HASH_FIELDS, then the first rate's state
--- fields), or nil; flat, a string, or nil.
-local function read_limiter(key, info, hash_first)
+-- It returns f, the hash's fields (alg.read's: the config's, then the first
+-- rate's state fields), or nil; flat, a string, or nil.
+local function read_limiter(key, alg, hash_first)
   if not hash_first then
     local got = redis.pcall('GET', key)
     if not got then
@@ -182,7 +184,7 @@ local function read_limiter(key, info, hash_first)
       return nil, got
     end
   end
-  local f = redis.pcall('HMGET', key, unpack(info.hash_read))
+  local f = alg.read(key)
   if not f.err then
     return f, nil
   elseif redis.call('TYPE', key).ok == 'string' then
@@ -200,18 +202,18 @@ local function arg(a, na, i)
   return nil
 end
 
--- A request's rates, decided: each rate's table s holds its config (rate,
--- interval in ms, burst, buckets; K, the suffix of its state fields, '' for
--- the config's own rate; edges, a calendar rate's windows; where, the key
--- holding it) and what its algorithm's functions put there.
-local function rate_tables(cfg, calendar, where, keys, longest)
-  local list = {}
-  for i, r in ipairs(cfg.rates) do
-    local K = RATE_SUFFIX[i]
-    list[i] = { rate = r[1], interval = r[2], burst = r[3], buckets = r[4], K = K, edges = calendar and calendar[K],
-      where = where, keys = keys, longest = longest }
-  end
-  return list
+-- suffix is the suffix of rate i's state fields (K): '' for the config's
+-- own, '2', '3' … for its further ones.
+local function suffix(i)
+  if i == 1 then return '' end
+  return string.format('%d', i)
+end
+
+-- step is the module deciding rate i: a further rate's own when the
+-- algorithm has one (the token bucket's).
+local function step(alg, i)
+  if i > 1 and alg.FURTHER then return alg.FURTHER end
+  return alg
 end
 
 -- request_log: with WithRetryWindow, the log remembers each request id for
@@ -232,23 +234,48 @@ local function log_request(key, id, now_ms, window)
   redis.call('PEXPIRE', key, window)
 end
 
+-- weigh decides n permits on every rate of list: a request is granted only
+-- if every rate allows it; a denial is bound by the longest wait, or by the
+-- first rate that can never grant so many. It returns allowed (0 or 1),
+-- retry (µs, -1: never) and bound (the binding rate, 0 for the first).
+local function weigh(alg, list, n, charge, now)
+  local most, bound = nil, 0
+  for i, s in ipairs(list) do
+    local m = step(alg, i)
+    if n > m.capacity(s) and not charge then
+      return 0, -1, i - 1
+    end
+    -- (A peek too: a limiter over a rate lowered since says so.)
+    local wait = charge and 0 or m.wait(s, n, now)
+    if not most or wait > most then
+      most = wait
+      if wait > 0 then bound = i - 1 end
+    end
+  end
+  if most > 0 then
+    return 0, most, bound
+  end
+  return 1, 0, bound
+end
+
 -- The decision of one request (its algorithm name, op; its keys are
 -- KEYS[k + 1 ..], its arguments ARGV[a + 1 .. a + na]), or nil for a config
 -- it refuses. (Given as arguments, not upvalues: gopher-lua, miniredis's
 -- Lua, gives a function called by pcall stale upvalues after an error.)
 local function decide(name, op, k, a, na)
-  local info, alg = ALGORITHMS[name], module(name)
+  local alg = module(name)
   local now = clock(ARGV[a + A_NOW])
   local now_ms = (now - now % 1000) / 1000
   local config_arg = ARGV[a + A_CONFIG]
   local source = string.match(config_arg, '^%a+') or ''
   local has_clients = na >= A_CLIENT_ID -- sent the whole key list
   local key1 = KEYS[k + 1]
+  local in_config = alg.IN_CONFIG
 
   -- Read: the config, stored (and sound) or given.
-  local f, flat = read_limiter(key1, info, source ~= SOURCE_DEFAULT)
+  local f, flat = read_limiter(key1, alg, source ~= SOURCE_DEFAULT)
   local none, marked = not f and not flat, false
-  if flat and string.find(flat, info.foreign) then
+  if flat and string.find(flat, alg.FOREIGN) then
     -- One algorithm's state is never counted by another: a string another
     -- wrote goes to admin.lua, which names it. This algorithm's marker says
     -- only that its state is elsewhere: none here.
@@ -259,7 +286,7 @@ local function decide(name, op, k, a, na)
   end
   local cfg, hash, shadow = nil, f ~= nil, 0
   if f and (f[H_RATE] or f[H_INTERVAL] or f[H_ALGORITHM]) then
-    cfg = stored(f, info)
+    cfg = stored(f, alg)
     if not cfg then
       return nil
     end
@@ -275,7 +302,7 @@ local function decide(name, op, k, a, na)
   if not cfg then
     return nil -- not initialized: admin.lua says so
   end
-  if f and not is_stored and cfg.source ~= SOURCE_FIXED and not (info.in_config and (f[info.state_at] or f[info.state_at + 1])) then
+  if f and not is_stored and cfg.source ~= SOURCE_FIXED and not (in_config and (f[alg.STATE_AT] or f[alg.STATE_AT + 1])) then
     -- A default that found a hash with neither config nor state of its own
     -- (its first rate's): if the key is not there at all, nothing is (the
     -- state is written flat, or the marker); a hash of another algorithm's
@@ -284,13 +311,14 @@ local function decide(name, op, k, a, na)
     if redis.call('EXISTS', key1) == 0 then
       f, none, hash = nil, true, false
     else
-      local g = redis.call('HMGET', key1, unpack(STATE_FIELDS))
-      for i = 1, #STATE_FIELDS do
+      local g = redis.call('HMGET', key1, STATE_FIELDS())
+      for i = 1, #g do
         if g[i] then return nil end
       end
     end
   end
   local kind, rates = cfg.kind, cfg.rates
+  local n = #rates / 4
   if kind == 1 and not has_clients then
     return REPLY_PERCLIENT -- sent with the short key list: the client sends them all from now on
   end
@@ -298,7 +326,7 @@ local function decide(name, op, k, a, na)
   -- request that sent none, or another config's, is told which to send.
   local calendar = nil
   if cfg.spec then
-    if not info.calendar then
+    if not alg.CALENDAR then
       return nil
     end
     local sent, edges = string.match(arg(a, na, A_CALENDAR) or '', '^(%S+) (.*)$')
@@ -309,139 +337,141 @@ local function decide(name, op, k, a, na)
     for edge in string.gmatch(edges, '%d+') do list[#list + 1] = edge + 0 end
     calendar = {}
     for place in string.gmatch(cfg.spec, '(%d+)=') do
-      if place + 0 > #rates then
+      if place + 0 > n then
         return nil -- a rate the config does not have (admin.lua names it)
       end
-      calendar[RATE_SUFFIX[place + 0]] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
+      calendar[place + 0] = { list[at + 1], list[at + 2], list[at + 3], list[at + 4] }
       at = at + 4
     end
   end
 
   -- Read: every rate's state. Where it is: the Overall state of an
-  -- in_config algorithm in the limiter's key (fields of its hash, or the
+  -- IN_CONFIG algorithm in the limiter's key (fields of its hash, or the
   -- flat state), a client's in a hash of its own; the token bucket's in
-  -- keys of its own.
+  -- keys of its own. Each rate's table s holds its config (rate, interval
+  -- in ms, burst, buckets; K, the suffix of its state fields; edges, a
+  -- calendar rate's windows; where, the key holding it) and what its
+  -- algorithm's functions put there.
   local where, keys = key1, nil
   if kind == 1 then
-    local first = k + info.requests + 1
-    if info.in_config then
+    local first = k + alg.REQUESTS + 1
+    if in_config then
       where = KEYS[first]
     else
       keys = { KEYS[first], KEYS[first + 1], KEYS[first + 2] }
     end
-  elseif not info.in_config then
+  elseif not in_config then
     keys = { KEYS[k + 2], KEYS[k + 3], KEYS[k + 4] }
   end
   local longest = 0
-  for i = 2, #rates do
-    if rates[i][2] > longest then longest = rates[i][2] end
+  for j = 5, #rates, 4 do
+    if rates[j + 1] > longest then longest = rates[j + 1] end
   end
-  local list = rate_tables(cfg, calendar, where, keys, longest)
-  local flat_write = info.in_config and not f and kind == 0
+  local list = {}
+  for i = 1, n do
+    local j = 4 * i - 4
+    list[i] = { rate = rates[j + 1], interval = rates[j + 2], burst = rates[j + 3], buckets = rates[j + 4], K = suffix(i),
+      edges = calendar and calendar[i], where = where, keys = keys, longest = longest }
+  end
+  local flat_write = in_config and not f and kind == 0
   local rest = nil -- a flat state's parts beyond this config's rates, kept
-  if info.in_config then
-    local values = {}
-    local nf = #info.fields
-    if where ~= key1 or (f and #list > 1) then
-      local names = {}
-      for i = 1, #list do
-        for j = 1, nf do names[#names + 1] = info.fields[j] .. RATE_SUFFIX[i] end
-      end
-      local g = redis.pcall('HMGET', where, unpack(names))
-      if g.err then corrupt(where, g.err) end
-      values = g
-    elseif f then
-      values = { f[info.state_at], f[info.state_at + 1] }
-    elseif flat then
-      local i, from = 0, 1
-      while from <= #flat + 1 do
-        local cut = string.find(flat, ';', from, true) or #flat + 1
-        i = i + 1
-        if i > #list then
-          rest = string.sub(flat, from)
-          break
+  if in_config then
+    local field1, field2 = alg.FIELD1, alg.FIELD2
+    if n == 1 and where == key1 then
+      -- The common case: one rate, its fields read with the config's, or
+      -- its flat state (a part, and maybe another handle's further ones).
+      local v1, v2 = nil, nil
+      if f then
+        v1, v2 = f[alg.STATE_AT], f[alg.STATE_AT + 1]
+      elseif flat then
+        local cut = string.find(flat, ';', 1, true)
+        local part = flat
+        if cut then
+          part, rest = string.sub(flat, 1, cut - 1), string.sub(flat, cut + 1)
         end
-        local part = string.sub(flat, from, cut - 1)
         if part ~= '' then
-          if nf == 1 then
-            values[(i - 1) * nf + 1] = part
-          else
-            local v1, v2 = string.match(part, '^(%S*) ?(.*)$')
-            values[(i - 1) * nf + 1], values[(i - 1) * nf + 2] = v1, v2
-          end
+          if field2 then v1, v2 = string.match(part, '^(%S*) ?(.*)$') else v1 = part end
         end
-        from = cut + 1
       end
-    end
-    for i, s in ipairs(list) do
-      alg.load(s, values[(i - 1) * nf + 1], values[(i - 1) * nf + 2], now)
+      alg.load(list[1], v1, v2, now)
+    else
+      local values, nf = {}, field2 and 2 or 1
+      if where ~= key1 or f then
+        local names = {}
+        for i = 1, n do
+          names[#names + 1] = field1 .. list[i].K
+          if field2 then names[#names + 1] = field2 .. list[i].K end
+        end
+        local g = redis.pcall('HMGET', where, unpack(names))
+        if g.err then corrupt(where, g.err) end
+        values = g
+      elseif flat then
+        local i, from = 0, 1
+        while from <= #flat + 1 do
+          local cut = string.find(flat, ';', from, true) or #flat + 1
+          i = i + 1
+          if i > n then
+            rest = string.sub(flat, from)
+            break
+          end
+          local part = string.sub(flat, from, cut - 1)
+          if part ~= '' then
+            if field2 then
+              values[2 * i - 1], values[2 * i] = string.match(part, '^(%S*) ?(.*)$')
+            else
+              values[i] = part
+            end
+          end
+          from = cut + 1
+        end
+      end
+      for i, s in ipairs(list) do
+        alg.load(s, values[(i - 1) * nf + 1], field2 and values[(i - 1) * nf + 2] or nil, now)
+      end
     end
   else
     for i, s in ipairs(list) do
-      if i == 1 then alg.load(s, nil, nil, now) else alg.FURTHER.load(s, nil, nil, now) end
+      step(alg, i).load(s, nil, nil, now)
     end
-  end
-  local function step(i)
-    return i == 1 and alg or alg.FURTHER or alg
   end
 
   -- Decide, in the rates' tables.
   local id, log_window = arg(a, na, A_ID), arg(a, na, A_LOG_WINDOW)
   local LOG = log_window ~= nil and log_window ~= ''
-  local requests = has_clients and KEYS[k + info.requests] or nil
+  local requests = has_clients and KEYS[k + alg.REQUESTS] or nil
   local charge, permits, least = op == OP_CHARGE, tonumber(ARGV[a + A_PERMITS]), nil
   if op == OP_RESERVE then
     least = tonumber(arg(a, na, A_LEAST))
   end
-  local allowed, retry, bound, back, counted, resent = 0, 0, 0, 0, false, false
-  local wrote = false
+  local allowed, retry, bound, back, counted, resent, wrote = 0, 0, 0, 0, false, false, false
   if op == OP_RELEASE then
     -- A reservation's release names its id, which the reservation left in
     -- the request log: it gives back once, and nothing after whatever
     -- forgot the log (Reset, Delete, new rates: the state its grant was
     -- counted in is gone, or counts otherwise).
     if requests and logged(requests, id) then
-      local at, size, given = tonumber(arg(a, na, A_GRANT_AT)), tonumber(arg(a, na, A_GRANT_SIZE)), nil
+      local at, size, given_back = tonumber(arg(a, na, A_GRANT_AT)), tonumber(arg(a, na, A_GRANT_SIZE)), nil
       for i, s in ipairs(list) do
-        local b = step(i).release(s, permits, at, size, now)
-        if not given or b < given then given = b end
+        local b = step(alg, i).release(s, permits, at, size, now)
+        if not given_back or b < given_back then given_back = b end
       end
-      back, wrote = given or 0, true
+      back, wrote = given_back or 0, true
     end
   else
-    -- weigh decides permits on every rate: a request is granted only if
-    -- every rate allows it; a denial is bound by the longest wait, or by the
-    -- first rate that can never grant so many.
-    local function weigh(n)
-      local most = nil
-      retry, bound = 0, 0
-      for i, s in ipairs(list) do
-        if n > step(i).capacity(s) and not charge then
-          retry, bound = -1, i - 1
-          return
-        end
-        -- (A peek too: a limiter over a rate lowered since says so.)
-        local wait = charge and 0 or step(i).wait(s, n, now)
-        if not most or wait > most then
-          most = wait
-          if wait > 0 then bound = i - 1 end
-        end
-      end
-      if most > 0 then retry = most else allowed = 1 end
-    end
-    weigh(permits)
+    allowed, retry, bound = weigh(alg, list, permits, charge, now)
     if allowed == 0 and least and least < permits then
       -- A reservation that does not fit whole (now, or ever: more than a
       -- rate's capacity) takes as many as fit now, if that is least or
       -- more: the rates' least remaining.
       local fit = nil
       for i, s in ipairs(list) do
-        local r = math.max(0, math.min(step(i).report(s, now), step(i).capacity(s)))
+        local m = step(alg, i)
+        local r = math.max(0, math.min(m.report(s, now), m.capacity(s)))
         if not fit or r < fit then fit = r end
       end
       if fit >= least then
         permits = fit
-        weigh(permits)
+        allowed, retry, bound = weigh(alg, list, permits, charge, now)
       end
     end
     if allowed == 1 and permits > 0 then
@@ -449,7 +479,7 @@ local function decide(name, op, k, a, na)
         resent = true -- a re-sent script whose first run was granted: counted already
       else
         for i, s in ipairs(list) do
-          local ok, why = step(i).commit(s, permits, now, id)
+          local ok, why = step(alg, i).commit(s, permits, now, id)
           if not ok then
             fail(E_PERMITS .. ' ' .. string.format('%d', permits) .. ': ' .. (why or 'a debt past what the state holds exactly'))
           end
@@ -457,20 +487,19 @@ local function decide(name, op, k, a, na)
         counted = true
       end
     elseif allowed == 0 and retry ~= -1 and permits > 0
-        and (info.records and alg.resent(list[1], id) or LOG and logged(requests, id)) then
+        and (alg.RECORDS and alg.resent(list[1], id) or LOG and logged(requests, id)) then
       allowed, retry, resent = 1, 0, true -- a re-sent script whose first run was granted
     end
   end
 
   -- Write.
   local config_key = is_stored and cfg.keepalive == 0 and key1 or nil
-  local reset = 0
   -- life: how long a grant counts at most (ms), its rates' longest
   -- interval, or the time a funnel takes to drain when its burst exceeds
   -- its rate.
   local life = 0
-  for _, r in ipairs(rates) do
-    life = math.max(life, r[2], r[3] * r[2] / r[1])
+  for j = 1, #rates, 4 do
+    life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
   end
   life = life + (-life) % 1
   if kind == 1 and (counted or list[1].grant and not list[1].resent) then
@@ -478,7 +507,7 @@ local function decide(name, op, k, a, na)
     -- It lives as long as any client's state can. It is written first, as
     -- the one key a grant writes that no read has checked: of another type,
     -- it refuses the request with nothing written.
-    local registry = KEYS[k + info.registry]
+    local registry = KEYS[k + alg.REGISTRY]
     local added = redis.pcall('ZADD', registry, now_ms, arg(a, na, A_CLIENT_ID))
     if type(added) == 'table' then
       corrupt(registry, added.err)
@@ -494,14 +523,12 @@ local function decide(name, op, k, a, na)
       redis.call('SET', key1, name, 'PX', life_ms)
     end
   end
-  if not info.in_config then
+  if not in_config and (wrote or op ~= OP_RELEASE and permits > 0) then
     -- The token bucket writes its own state: a grant, a release, or a cache
     -- a request for permits found wrong (a peek writes nothing).
-    if wrote or op ~= OP_RELEASE and permits > 0 then
-      counted = alg.write(list[1], now, config_key) and counted
-      for i = 2, #list do
-        if counted or wrote then alg.FURTHER.write(list[i], now, config_key) end
-      end
+    counted = alg.write(list[1], now, config_key) and counted
+    for i = 2, n do
+      if counted or wrote then alg.FURTHER.write(list[i], now, config_key) end
     end
   end
   if LOG and counted then
@@ -510,59 +537,74 @@ local function decide(name, op, k, a, na)
   elseif wrote then
     redis.call('ZREM', requests, id)
   end
-  local remaining = nil
+  local remaining, reset = nil, 0
   for i, s in ipairs(list) do
-    local r, t = step(i).report(s, now)
-    local limit = step(i).capacity(s)
+    local m = step(alg, i)
+    local r, t = m.report(s, now)
+    local limit = m.capacity(s)
     if r > limit then r = limit elseif r < 0 then r = 0 end
     if not remaining or r < remaining then
       remaining = r
       if allowed == 1 and i > 1 then bound = i - 1 end
     end
     if t > reset then reset = t end
-    s.remaining = r
   end
   local ms = (reset + (-reset) % 1000) / 1000
   if ms < 1 then ms = 1 end
-  if info.in_config and (counted or wrote) then
+  if in_config and (counted or wrote) then
     -- The state's fields, written where they are: a flat state with its
     -- expiry, once; fields of a hash, with the hash's expiry moved when a
     -- rate's moved (a stored config's own key keeps the config's expiry).
-    local moved, parts, fields, gone, empty = false, {}, {}, {}, true
-    for i, s in ipairs(list) do
-      local m, v1, v2 = alg.encode(s, now)
-      moved = moved or m
-      local names = info.fields
-      if v1 then
-        empty = false
-        parts[i] = v2 and v1 .. ' ' .. v2 or v1
-        fields[#fields + 1], fields[#fields + 2] = names[1] .. s.K, v1
-        if names[2] then fields[#fields + 1], fields[#fields + 2] = names[2] .. s.K, v2 end
+    local field1, field2 = alg.FIELD1, alg.FIELD2
+    local moved, value, fields, gone = false, nil, nil, nil
+    if n == 1 then
+      local v1, v2
+      moved, v1, v2 = alg.encode(list[1], now)
+      if flat_write then
+        if v1 then value = v2 and v1 .. ' ' .. v2 or v1 end
+        if rest and (value or string.find(rest, '[^;]')) then
+          value = (value or '') .. ';' .. rest -- another handle's further rates, kept
+        end
+      elseif v1 then
+        fields = { field1, v1, field2, v2 }
       else
-        parts[i] = ''
-        gone[#gone + 1] = names[1] .. s.K
-        if names[2] then gone[#gone + 1] = names[2] .. s.K end
+        gone = { field1, field2 }
       end
-    end
-    if flat_write then
+    else
+      local parts, empty = {}, true
+      fields, gone = {}, {}
+      for i, s in ipairs(list) do
+        local m, v1, v2 = alg.encode(s, now)
+        moved = moved or m
+        if v1 then
+          empty = false
+          parts[i] = v2 and v1 .. ' ' .. v2 or v1
+          fields[#fields + 1], fields[#fields + 2] = field1 .. s.K, v1
+          if field2 then fields[#fields + 1], fields[#fields + 2] = field2 .. s.K, v2 end
+        else
+          parts[i] = ''
+          gone[#gone + 1] = field1 .. s.K
+          if field2 then gone[#gone + 1] = field2 .. s.K end
+        end
+      end
       if rest then
         parts[#parts + 1] = rest
         empty = empty and not string.find(rest, '[^;]')
       end
-      if empty then
+      if not empty then value = table.concat(parts, ';') end
+    end
+    if flat_write then
+      if not value then
         if flat then redis.call('DEL', key1) end
+      elseif moved then
+        redis.call('SET', key1, value, 'PX', string.format('%d', ms))
       else
-        local value = table.concat(parts, ';')
-        if moved then
-          redis.call('SET', key1, value, 'PX', string.format('%d', ms))
-        else
-          redis.call('SET', key1, value, 'KEEPTTL')
-        end
+        redis.call('SET', key1, value, 'KEEPTTL')
       end
     else
-      if #fields > 0 then redis.call('HSET', where, unpack(fields)) end
-      if #gone > 0 then redis.call('HDEL', where, unpack(gone)) end
-      if (moved or #list > 1) and (where ~= key1 or not is_stored) then
+      if fields and #fields > 0 then redis.call('HSET', where, unpack(fields)) end
+      if gone and #gone > 0 then redis.call('HDEL', where, unpack(gone)) end
+      if (moved or n > 1) and (where ~= key1 or not is_stored) then
         local cap = config_key and redis.call('PTTL', config_key)
         if cap and cap > 0 and cap < ms then ms = cap end
         redis.call('PEXPIRE', where, string.format('%d', ms))
@@ -574,7 +616,7 @@ local function decide(name, op, k, a, na)
   -- read they make anyway, and expires with the state. It is written when
   -- the state was (a grant: one command) or found missing (state from
   -- before markers), and goes when the state does.
-  if none and not info.in_config and kind == 0 and (counted or wrote or not marked) then
+  if none and not in_config and kind == 0 and (counted or wrote or not marked) then
     if reset > 0 then
       redis.call('SET', key1, name, 'PX', string.format('%d', ms))
     elseif marked then
@@ -586,7 +628,7 @@ local function decide(name, op, k, a, na)
     -- limiter is busy, not idle. State in the config hash keeps it alive as
     -- long as the state counts (a funnel whose burst drains slower).
     local ttl = cfg.keepalive
-    if info.in_config and kind == 0 and reset > ttl * 1000 then
+    if in_config and kind == 0 and reset > ttl * 1000 then
       ttl = ms
     end
     redis.call('PEXPIRE', key1, ttl)
@@ -612,7 +654,7 @@ local function decide(name, op, k, a, na)
   if not is_stored and source ~= SOURCE_FIXED and not hash and not calendar then
     -- A default decided and no hash holds the state: the client knows every
     -- limit and window, and the short reply leaves them out.
-    return reply_default(allowed, remaining, retry, reset, #list > 1 and bound or nil) .. tail
+    return reply_default(allowed, remaining, retry, reset, n > 1 and bound or nil) .. tail
   end
   -- The span the first rate's limit applies to: its interval (a calendar
   -- window's own length), or the time a funnel's burst takes to drain. With
@@ -624,11 +666,11 @@ local function decide(name, op, k, a, na)
   local window = limit * (first.length or first.interval) / first.rate
   window = window + (-window) % 1
   local more = nil
-  if #list > 1 then
+  if n > 1 then
     more = cfg.more
     if calendar then
       local now_rates = {}
-      for i = 2, #list do
+      for i = 2, n do
         local s = list[i]
         now_rates[#now_rates + 1] = string.format('%d %d %d %d', s.rate, s.length or s.interval, s.burst, s.buckets)
       end

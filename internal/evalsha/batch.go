@@ -37,10 +37,13 @@ const batchSize = 64
 
 // Request is one decision: its algorithm and op (boxed once by the caller:
 // converting a string to an interface on every call would allocate), and
-// its keys and arguments as internal/wire lays them out.
+// its keys and arguments as internal/wire lays them out. Lean, if not nil,
+// is the lean script of its algorithm, which a request sent alone runs: the
+// common decision, which answers wire.ReplyFullScript for anything else.
 type Request struct {
 	Algorithm, Op any
 	Keys, Args    []any
+	Lean          *Script
 }
 
 // batcher queues the decisions of one group (see batches.of) while its
@@ -165,7 +168,11 @@ var pendings = sync.Pool{New: func() any { return &pending{wake: make(chan struc
 // batch of one, whose reply is the request's own.
 func (t *Transport) alone(ctx context.Context, g *batcher, req Request) (any, error) {
 	head := [wire.RequestHead]any{req.Algorithm, req.Op, len(req.Keys), len(req.Args)}
-	reply, err := t.run(ctx, 1, t.scripts.Decide, req.Keys, head[:], req.Args)
+	s := t.scripts.Decide
+	if req.Lean != nil {
+		s = req.Lean
+	}
+	reply, err := t.run(ctx, 1, s, req.Keys, head[:], req.Args)
 	if g != nil {
 		t.finished(g)
 	}

@@ -5,54 +5,83 @@ import (
 	"strings"
 )
 
-// LuaHeader declares the contract for the scripts, as Lua locals: what they
-// read from here and nowhere else.
+// Constant is one name of the contract the scripts use, and its value as
+// a Lua literal.
+type Constant struct{ Name, Lua string }
+
+// Constants are the contract's values the scripts name: argument positions,
+// ops, sources, bounds, reply kinds, error kinds. The assembler writes each
+// where a script names it, as a literal: a constant held in a local of the
+// chunk would be an upvalue of every function using it, and each upvalue
+// costs a script call as it creates the function (Lua 5.1 searches the
+// chunk's open upvalues for each), a microsecond or more in all.
+func Constants() []Constant {
+	var cs []Constant
+	num := func(name string, v int64) { cs = append(cs, Constant{name, fmt.Sprint(v)}) }
+	str := func(name, v string) { cs = append(cs, Constant{name, q(v)}) }
+	for i, name := range []string{"A_NOW", "A_PERMITS", "A_CONFIG", "A_CALENDAR", "A_ID", "A_LOG_WINDOW", "A_CLIENT_ID", "A_LEAST", "A_GRANT_AT", "A_GRANT_SIZE"} {
+		num(name, int64(ArgNow+i))
+	}
+	for i, name := range []string{"AD_ALGORITHM", "AD_OP", "AD_NOW", "AD_VALUE", "AD_CONFIG", "AD_CLIENT_ID", "AD_OTHERS"} {
+		num(name, int64(AdminAlgorithm+i))
+	}
+	num("REQUEST_HEAD", RequestHead)
+	str("OP_ALLOW", string(OpAllow))
+	str("OP_CHARGE", string(OpCharge))
+	str("OP_RESERVE", string(OpReserve))
+	str("OP_RELEASE", string(OpRelease))
+	str("SOURCE_DEFAULT", string(SourceDefault))
+	str("SOURCE_STORED", string(SourceStored))
+	str("SOURCE_FIXED", string(SourceFixed))
+	str("SOURCE_NEW", string(SourceNew))
+	str("CONFIG_ARG", configArg)
+	for i, name := range []string{"H_RATE", "H_INTERVAL", "H_TYPE", "H_KEEPALIVE", "H_ALGORITHM", "H_MORE", "H_SHADOW"} {
+		num(name, int64(1+i))
+	}
+	num("H_OWN", int64(len(HashFields)+1))
+	num("MAX_RATES", MaxRates)
+	num("DEFAULT_BUCKETS", DefaultBuckets)
+	num("MAX_BUCKETS", MaxBuckets)
+	num("MAX_DEBT", MaxDebt)
+	num("MAX_LOG_RATE", MaxLogRate)
+	str("REPLY_HASH", ReplyHash)
+	str("REPLY_FULL", ReplyFull)
+	str("REPLY_DEFAULT", ReplyDefault)
+	str("REPLY_PERCLIENT", ReplyPerClient)
+	str("REPLY_CALENDAR", ReplyCalendar)
+	str("REPLY_ADMIN", ReplyAdmin)
+	str("REPLY_MISSING", ReplyMissing)
+	str("REPLY_FULL_SCRIPT", ReplyFullScript)
+	str("RESERVE_TAIL", ReserveTail)
+	str("E_NOT_INITIALIZED", KindNotInitialized)
+	str("E_ALGORITHM", KindAlgorithm)
+	str("E_CLOCK", KindClock)
+	str("E_PERMITS", KindPermits)
+	str("E_CORRUPT", KindCorrupt)
+	return cs
+}
+
+// LuaHeader begins the decision and admin scripts: the constants' names
+// and values (a comment, for readers: the assembler writes the values in),
+// and the functions the contract makes, the replies written from
+// FullFields and DefaultFields.
 func LuaHeader() string {
 	var b strings.Builder
 	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
-	w("-- The contract, declared by internal/wire.\n")
-	w("local A_NOW, A_PERMITS, A_CONFIG, A_CALENDAR, A_ID, A_LOG_WINDOW, A_CLIENT_ID, A_LEAST, A_GRANT_AT, A_GRANT_SIZE = %d, %d, %d, %d, %d, %d, %d, %d, %d, %d\n",
-		ArgNow, ArgPermits, ArgConfig, ArgCalendar, ArgID, ArgLogWindow, ArgClientID, ArgLeast, ArgGrantAt, ArgGrantSize)
-	w("local AD_ALGORITHM, AD_OP, AD_NOW, AD_VALUE, AD_CONFIG, AD_CLIENT_ID, AD_OTHERS = %d, %d, %d, %d, %d, %d, %d\n",
-		AdminAlgorithm, AdminOp, AdminNow, AdminValue, AdminConfig, AdminClientID, AdminOthers)
-	w("local REQUEST_HEAD = %d\n", RequestHead)
-	w("local OP_ALLOW, OP_CHARGE, OP_RESERVE, OP_RELEASE = %s, %s, %s, %s\n", q(OpAllow), q(OpCharge), q(OpReserve), q(OpRelease))
-	w("local SOURCE_DEFAULT, SOURCE_STORED, SOURCE_FIXED, SOURCE_NEW = %s, %s, %s, %s\n", q(SourceDefault), q(SourceStored), q(SourceFixed), q(SourceNew))
-	w("local CONFIG_ARG = %s\n", q(configArg))
-	w("local H_RATE, H_INTERVAL, H_TYPE, H_KEEPALIVE, H_ALGORITHM, H_MORE, H_SHADOW, H_OWN = 1, 2, 3, 4, 5, 6, 7, %d\n", len(HashFields)+1)
-	w("local CONFIG_FIELDS = %s\n", list(ConfigFields))
-	w("local MAX_RATES, DEFAULT_BUCKETS, MAX_BUCKETS, MAX_DEBT, MAX_LOG_RATE = %d, %d, %d, %d, %d\n", MaxRates, DefaultBuckets, MaxBuckets, MaxDebt, MaxLogRate)
-	suffixes := make([]string, MaxRates)
-	for i := range suffixes {
-		suffixes[i] = RateSuffix(i)
-	}
-	w("local RATE_SUFFIX = %s\n", list(suffixes))
-	w("local STATE_FIELDS = %s\n", list(StateFields()))
-	// OwnerOf's shapes, in its order: the algorithm whose flat state a
-	// string at a limiter's key can be.
-	w("local FLAT_SHAPES = {")
-	for _, a := range Algorithms {
-		if a.flat != "" {
-			w(" { %s, %s },", q(a.Name), q("^["+strings.Replace(a.flat, "0123456789", "%d", 1)+"]+$"))
+	w("-- The contract, declared by internal/wire, its values written in where named:\n")
+	line := "--"
+	for _, c := range Constants() {
+		item := " " + c.Name + " = " + c.Lua
+		if len(line)+len(item) > 100 {
+			w("%s\n", line)
+			line = "--"
 		}
+		line += item
 	}
-	w(" }\n")
-	w("local ALGORITHMS = {\n")
-	for _, a := range Algorithms {
-		own := "nil"
-		if a.Own != "" {
-			own = q(a.Own)
-		}
-		w("  %s = { name = %s, in_config = %t, records = %t, charges = %t, calendar = %t, own = %s,\n", a.Name, q(a.Name), a.InConfig, a.Records, a.Charges, a.Calendar, own)
-		w("    state = %s, fields = %s, types = %s, foreign = %s,\n", list(a.State), list(a.Fields), list(a.Types), q(a.foreign))
-		w("    registry = %d, requests = %d, hash_read = %s, state_at = %d },\n", a.Registry(), a.Requests(), list(a.hashRead()), len(a.hashRead())-len(a.Fields)+1)
-	}
-	w("}\n")
-	w("local REPLY_HASH, REPLY_FULL, REPLY_DEFAULT = %s, %s, %s\n", q(ReplyHash), q(ReplyFull), q(ReplyDefault))
-	w("local REPLY_PERCLIENT, REPLY_CALENDAR, REPLY_ADMIN, REPLY_MISSING = %s, %s, %s, %s\n", q(ReplyPerClient), q(ReplyCalendar), q(ReplyAdmin), q(ReplyMissing))
-	w("local RESERVE_TAIL = %s\n", q(ReserveTail))
-	w("local E_NOT_INITIALIZED, E_ALGORITHM, E_CLOCK, E_PERMITS, E_CORRUPT = %s, %s, %s, %s, %s\n", q(KindNotInitialized), q(KindAlgorithm), q(KindClock), q(KindPermits), q(KindCorrupt))
-	// The replies, written from FullFields and DefaultFields.
+	w("%s\n", line)
+	// A function, not a table: a table is built on every call of the
+	// script, and this list is for a rare path.
+	w("local function STATE_FIELDS() return %s end\n", strings.Join(quoted(StateFields()), ", "))
 	full := FullFields[:]
 	w("local function reply_full(kind, %s, more)\n", strings.Join(full, ", "))
 	w("  if more then\n    return string.format('%%s%s ', kind, %s) .. more\n  end\n", strings.Repeat(" %d", len(full)), strings.Join(full, ", "))
@@ -64,6 +93,62 @@ func LuaHeader() string {
 	w("local function reply_default(%s)\n", strings.Join(dflt, ", "))
 	w("  if %s then\n    return string.format('%s%s', %s)\n  end\n", dflt[len(dflt)-1], ReplyDefault, strings.Repeat(" %d", len(dflt)), strings.Join(dflt, ", "))
 	w("  return string.format('%s%s', %s)\nend\n", ReplyDefault, strings.Repeat(" %d", len(dflt)-1), strings.Join(dflt[:len(dflt)-1], ", "))
+	return b.String()
+}
+
+// LuaCatalog declares, for the admin script, what it knows of every
+// algorithm: it reads other algorithms' state to name them, and runs
+// rarely, so the tables it builds each call cost nothing that matters.
+func LuaCatalog() string {
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	w("local CONFIG_FIELDS = %s\n", list(ConfigFields))
+	suffixes := make([]string, MaxRates)
+	for i := range suffixes {
+		suffixes[i] = RateSuffix(i)
+	}
+	w("local RATE_SUFFIX = %s\n", list(suffixes))
+	w("local STATE_FIELD_LIST = %s\n", list(StateFields()))
+	// OwnerOf's shapes, in its order: the algorithm whose flat state a
+	// string at a limiter's key can be.
+	w("local FLAT_SHAPES = {")
+	for _, a := range Algorithms {
+		if a.flat != "" {
+			w(" { %s, %s },", q(a.Name), q("^["+strings.Replace(a.flat, "0123456789", "%d", 1)+"]+$"))
+		}
+	}
+	w(" }\n")
+	w("local ALGORITHMS = {\n")
+	for _, a := range Algorithms {
+		w("  %s = { name = %s, in_config = %t, records = %t, calendar = %t, state = %s, fields = %s, types = %s, registry = %d, requests = %d },\n",
+			a.Name, q(a.Name), a.InConfig, a.Records, a.Calendar, list(a.State), list(a.Fields), list(a.Types), a.Registry(), a.Requests())
+	}
+	w("}\n")
+	return b.String()
+}
+
+// LuaModuleInfo sets, on a's module (m), what the decision script knows of
+// a: scalars, and read, which reads the limiter's key as a hash (the config
+// fields, then the first rate's state fields) with its field names written
+// in, so that a call builds no table for them.
+func LuaModuleInfo(a *Algorithm) string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	own, field1, field2 := "nil", "nil", "nil"
+	if a.Own != "" {
+		own = q(a.Own)
+	}
+	if len(a.Fields) > 0 {
+		field1 = q(a.Fields[0])
+	}
+	if len(a.Fields) > 1 {
+		field2 = q(a.Fields[1])
+	}
+	read := a.hashRead()
+	w("m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = %s, %t, %t, %t, %s\n", q(a.Name), a.InConfig, a.Records, a.Calendar, own)
+	w("m.FIELD1, m.FIELD2, m.FOREIGN, m.REGISTRY, m.REQUESTS, m.STATE_AT = %s, %s, %s, %d, %d, %d\n",
+		field1, field2, q(a.foreign), a.Registry(), a.Requests(), len(read)-len(a.Fields)+1)
+	w("m.read = function(key) return redis.pcall('HMGET', key, %s) end\n", strings.Join(quoted(read), ", "))
 	return b.String()
 }
 
@@ -84,9 +169,14 @@ func q[S ~string](s S) string {
 
 // list writes a Lua list of strings.
 func list(items []string) string {
-	quoted := make([]string, len(items))
+	return "{ " + strings.Join(quoted(items), ", ") + " }"
+}
+
+// quoted quotes each item as a Lua string.
+func quoted(items []string) []string {
+	out := make([]string, len(items))
 	for i, s := range items {
-		quoted[i] = q(s)
+		out[i] = q(s)
 	}
-	return "{ " + strings.Join(quoted, ", ") + " }"
+	return out
 }

@@ -35,6 +35,10 @@ const (
 	// ReplyAdmin: the decision refused the config (missing, corrupt,
 	// another algorithm's); the admin script's diagnose says why.
 	ReplyAdmin = "admin"
+	// ReplyFullScript: the lean script (the common decision alone) met what
+	// it does not decide; the client sends the request again to the
+	// decision script, as it does from then on for that limiter.
+	ReplyFullScript = "full"
 	// ReplyMissing begins the admin script's reply to an op that must reach
 	// every client: {ReplyMissing, {ids…}}, the clients it was not sent.
 	ReplyMissing = "missing"
