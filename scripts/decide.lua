@@ -61,6 +61,8 @@ end
 local MAKERS = {}
 --[[@modules]]
 
+--[[@common]]
+
 local modules = {}
 local function module(name)
   local m = modules[name]
@@ -681,11 +683,31 @@ local function decide(name, op, k, a, na)
     shadow, bound, more) .. tail
 end
 
+-- request decides one request: the common decision's way (lean.lua's
+-- common) when it is one, else decide's, which reads what the common
+-- requests before it wrote (flush).
+local function request(name, op, k, a, na)
+  if op == OP_ALLOW and na <= A_CONFIG then
+    local m = module(name)
+    if m.IN_CONFIG then
+      local now = ARGV[a + A_NOW]
+      local reply = common(m, k, a, na, now == '' and clock(now) or now + 0, true)
+      if reply ~= REPLY_FULL_SCRIPT then
+        return reply
+      end
+    end
+  end
+  flush()
+  return decide(name, op, k, a, na)
+end
+
 -- A request alone in its call is answered with its reply, and raises its
 -- errors as the call's, where Redis names the script's line (and so the
 -- command an ACL refused).
 if REQUEST_HEAD + ARGV[REQUEST_HEAD] == #ARGV then
-  return decide(ARGV[1], ARGV[2], 0, REQUEST_HEAD, #ARGV - REQUEST_HEAD) or REPLY_ADMIN
+  local reply = request(ARGV[1], ARGV[2], 0, REQUEST_HEAD, #ARGV - REQUEST_HEAD)
+  flush()
+  return reply or REPLY_ADMIN
 end
 
 -- A batch's requests, one after another, each on its own keys and
@@ -693,7 +715,7 @@ end
 local replies, ki, ai = {}, 0, 0
 while ai < #ARGV do
   local name, op, nk, nargs = ARGV[ai + 1], ARGV[ai + 2], ARGV[ai + 3] + 0, ARGV[ai + 4] + 0
-  local ok, reply = pcall(decide, name, op, ki, ai + REQUEST_HEAD, nargs)
+  local ok, reply = pcall(request, name, op, ki, ai + REQUEST_HEAD, nargs)
   if not ok then
     -- Redis raises its errors as tables, the scripts theirs as strings.
     if type(reply) == 'table' then reply = reply.err end
@@ -704,4 +726,5 @@ while ai < #ARGV do
   replies[#replies + 1] = reply
   ki, ai = ki + nk, ai + REQUEST_HEAD + nargs
 end
+flush()
 return replies

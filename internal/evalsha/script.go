@@ -55,39 +55,83 @@ func Assemble(files fs.FS) Scripts {
 	// Each algorithm's module is the body of its maker: run when a request
 	// of the algorithm first comes in a call, so a call builds only the
 	// functions it uses.
+	// module is an algorithm's module: its file's table, with what the
+	// decision script knows of it.
+	module := func(a *wire.Algorithm) string {
+		return fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", strings.TrimRight(read(a.Name+".lua"), "\n"), wire.LuaModuleInfo(a))
+	}
 	var modules strings.Builder
 	for _, a := range wire.Algorithms {
-		fmt.Fprintf(&modules, "MAKERS[%q] = function()\nlocal m = (function()\n%s\nend)()\n%sreturn m\nend\n",
-			a.Name, strings.TrimRight(read(a.Name+".lua"), "\n"), wire.LuaModuleInfo(a))
-	}
-	withModules := func(src string) string {
-		const marker = "--[[@modules]]"
-		if strings.Count(src, marker) != 1 {
-			panic("redlimit: a script without one place for the modules")
-		}
-		return strings.Replace(src, marker, strings.TrimRight(modules.String(), "\n"), 1)
-	}
-	header := wire.LuaHeader()
-	scripts := Scripts{
-		Decide:   New("decide", Banner+header+inline(withModules(read("decide.lua")))),
-		Lean:     map[string]*Script{},
-		Admin:    New("admin", Banner+header+wire.LuaCatalog()+inline(withModules(read("admin.lua")))),
-		InFlight: New("inflight", Banner+wire.InFlightHeader()+read("tools.lua")+read("inflight.lua")),
+		fmt.Fprintf(&modules, "MAKERS[%q] = function()\n%sreturn m\nend\n", a.Name, module(a))
 	}
 	lean := read("lean.lua")
+	header := wire.LuaHeader()
+	decide := paste(read("decide.lua"), map[string]string{
+		"modules": modules.String(),
+		"common":  paste(lean, map[string]string{"lean_prelude": "", "lean_call": ""}),
+	})
+	scripts := Scripts{
+		Decide:   New("decide", Banner+header+inline(decide)),
+		Lean:     map[string]*Script{},
+		Admin:    New("admin", Banner+header+wire.LuaCatalog()+inline(paste(read("admin.lua"), map[string]string{"modules": modules.String()}))),
+		InFlight: New("inflight", Banner+wire.InFlightHeader()+read("tools.lua")+read("inflight.lua")),
+	}
 	for _, a := range wire.Algorithms {
 		if !a.InConfig {
 			continue
 		}
-		module := fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", strings.TrimRight(read(a.Name+".lua"), "\n"), wire.LuaModuleInfo(a))
-		const marker = "--[[@module]]"
-		if strings.Count(lean, marker) != 1 {
-			panic("redlimit: lean.lua without one place for its module")
-		}
-		name := "lean_" + a.Name
-		scripts.Lean[a.Name] = New(name, Banner+header+inline(strings.Replace(lean, marker, strings.TrimRight(module, "\n"), 1)))
+		scripts.Lean[a.Name] = New("lean_"+a.Name, Banner+header+inline(paste(lean, map[string]string{
+			"lean_prelude": leanPrelude + module(a),
+			"lean_call":    leanCall,
+		})))
 	}
 	return scripts
+}
+
+// The lean script's own parts around common: what decide.lua has for it
+// (the bound of exact doubles, the errors), and the call of it on the one
+// request.
+const (
+	leanPrelude = `local MAX = 9007199254740992 -- 2^53
+
+local function fail(why)
+  error('REDLIMIT ' .. why, 0)
+end
+
+local function corrupt(key, what)
+  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
+end
+
+`
+	leanCall = `local now = ARGV[REQUEST_HEAD + A_NOW]
+if now == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = now + 0
+end
+local reply, e = common(m, 0, REQUEST_HEAD, #ARGV - REQUEST_HEAD, now, false)
+if type(e) == 'table' then write(KEYS[1], e) end
+return reply
+`
+)
+
+// paste puts each of sections where src names it with a marker: a line
+// --[[@name]]. A marker without its section, or a section without its
+// marker, is a mistake in the repository: it panics (the scripts are
+// assembled when the package starts).
+func paste(src string, sections map[string]string) string {
+	for name, text := range sections {
+		marker := "--[[@" + name + "]]"
+		if strings.Count(src, marker) != 1 {
+			panic("redlimit: a script without one place for " + marker)
+		}
+		src = strings.Replace(src, marker, strings.TrimRight(text, "\n"), 1)
+	}
+	if at := strings.Index(src, "--[[@"); at >= 0 {
+		panic("redlimit: a script marker without its section: " + src[at:at+strings.IndexByte(src[at:], ']')+2])
+	}
+	return src
 }
 
 // constant matches a name of the contract's constants (wire.Constants): a

@@ -84,6 +84,17 @@ const (
 	SourceNew Source = "new"
 )
 
+func init() {
+	// The scripts tell sources apart by their first byte.
+	seen := map[byte]bool{}
+	for _, s := range []Source{SourceDefault, SourceStored, SourceFixed, SourceNew} {
+		if seen[s[0]] {
+			panic("wire: two sources begin with " + string(s[0]))
+		}
+		seen[s[0]] = true
+	}
+}
+
 // ConfigArg is a config as the scripts are given it: source, rate,
 // interval ms, type, burst, buckets and keep-alive ms, space-separated, then
 // " @" and its calendar rates (FieldCalendar's format) if any, then " " and

@@ -34,6 +34,9 @@ func Constants() []Constant {
 	str("SOURCE_STORED", string(SourceStored))
 	str("SOURCE_FIXED", string(SourceFixed))
 	str("SOURCE_NEW", string(SourceNew))
+	// Sources told apart by their first byte, distinct for each.
+	num("BYTE_SOURCE_DEFAULT", int64(SourceDefault[0]))
+	num("BYTE_SOURCE_FIXED", int64(SourceFixed[0]))
 	str("CONFIG_ARG", configArg)
 	for i, name := range []string{"H_RATE", "H_INTERVAL", "H_TYPE", "H_KEEPALIVE", "H_ALGORITHM", "H_MORE", "H_SHADOW"} {
 		num(name, int64(1+i))

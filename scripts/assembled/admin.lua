@@ -4,14 +4,15 @@
 -- A_LEAST = 8 A_GRANT_AT = 9 A_GRANT_SIZE = 10 AD_ALGORITHM = 1 AD_OP = 2 AD_NOW = 3 AD_VALUE = 4
 -- AD_CONFIG = 5 AD_CLIENT_ID = 6 AD_OTHERS = 7 REQUEST_HEAD = 4 OP_ALLOW = 'allow'
 -- OP_CHARGE = 'charge' OP_RESERVE = 'reserve' OP_RELEASE = 'release' SOURCE_DEFAULT = 'default'
--- SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new'
--- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$' H_RATE = 1 H_INTERVAL = 2
--- H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
--- DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496 MAX_LOG_RATE = 4294967295
--- REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd' REPLY_PERCLIENT = 'perclient'
--- REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin' REPLY_MISSING = 'missing'
--- REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d' E_NOT_INITIALIZED = 'not initialized'
--- E_ALGORITHM = 'algorithm' E_CLOCK = 'clock' E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
+-- SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new' BYTE_SOURCE_DEFAULT = 100
+-- BYTE_SOURCE_FIXED = 102 CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$'
+-- H_RATE = 1 H_INTERVAL = 2 H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7
+-- H_OWN = 8 MAX_RATES = 4 DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496
+-- MAX_LOG_RATE = 4294967295 REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd'
+-- REPLY_PERCLIENT = 'perclient' REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin'
+-- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
+-- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
+-- E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
 local function STATE_FIELDS() return 'tat', 'window', 'count', 'counts' end
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then

@@ -4,14 +4,15 @@
 -- A_LEAST = 8 A_GRANT_AT = 9 A_GRANT_SIZE = 10 AD_ALGORITHM = 1 AD_OP = 2 AD_NOW = 3 AD_VALUE = 4
 -- AD_CONFIG = 5 AD_CLIENT_ID = 6 AD_OTHERS = 7 REQUEST_HEAD = 4 OP_ALLOW = 'allow'
 -- OP_CHARGE = 'charge' OP_RESERVE = 'reserve' OP_RELEASE = 'release' SOURCE_DEFAULT = 'default'
--- SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new'
--- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$' H_RATE = 1 H_INTERVAL = 2
--- H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
--- DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496 MAX_LOG_RATE = 4294967295
--- REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd' REPLY_PERCLIENT = 'perclient'
--- REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin' REPLY_MISSING = 'missing'
--- REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d' E_NOT_INITIALIZED = 'not initialized'
--- E_ALGORITHM = 'algorithm' E_CLOCK = 'clock' E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
+-- SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new' BYTE_SOURCE_DEFAULT = 100
+-- BYTE_SOURCE_FIXED = 102 CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$'
+-- H_RATE = 1 H_INTERVAL = 2 H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7
+-- H_OWN = 8 MAX_RATES = 4 DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496
+-- MAX_LOG_RATE = 4294967295 REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd'
+-- REPLY_PERCLIENT = 'perclient' REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin'
+-- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
+-- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
+-- E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
 local function STATE_FIELDS() return 'tat', 'window', 'count', 'counts' end
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
@@ -25,20 +26,26 @@ local function reply_default(allowed, remaining, retry, reset, bound)
   end
   return string.format('d %d %d %d %d', allowed, remaining, retry, reset)
 end
--- The common decision alone: one request of an algorithm whose state is
--- fields of the limiter's key (not the token bucket), op allow, with one
--- rate, Overall, no calendar and no request log, on a default or a stored
--- config. A lone call pays for every function the script creates, so this
--- one creates its algorithm's module and little else; it decides as
--- decide.lua does, by the same module, and answers REPLY_FULL_SCRIPT for
--- anything it does not handle (a stored config with several rates, a
--- calendar or PerClient, a string another algorithm wrote, a config it
--- refuses), which the client sends again to decide.lua, as it does from
--- then on for that limiter. Before this file the assembler puts the
--- contract's header and the one module (m).
--- KEYS and ARGV are decide.lua's for one request: KEYS[1] the limiter's
--- key; ARGV the request's head (algorithm, op, keys, arguments) and its
--- arguments, up to A_CONFIG.
+-- The common decision: one request of an algorithm whose state is fields
+-- of the limiter's key (not the token bucket), op allow, with one rate,
+-- Overall, no calendar and no request log, on a default or a stored config.
+-- Every decision pays for the functions its script creates, and for each
+-- step it takes: the common one creates its algorithm's module and these
+-- functions, and takes no step it does not need. It decides as decide.lua
+-- does, by the same module, and answers REPLY_FULL_SCRIPT for anything it
+-- does not handle (a stored config with several rates, a calendar or
+-- PerClient, a string another algorithm wrote, a config it refuses): the
+-- decision script sends such a request on to its decide, and a client that
+-- sent it alone sends it again to the decision script, as it does from then
+-- on for that limiter.
+-- A batch decides every common request on one key in order, in memory, as
+-- they would be decided one by one, and writes the key once, when the call
+-- ends or before another request reads it (flush): a hot key in a batch of
+-- twenty is read once and written once, not twenty times.
+-- The assembler makes two things of this file: the lean script of each
+-- algorithm (the contract's header, its module as m, these functions, and
+-- a call on the one request of KEYS and ARGV, framed as decide.lua's), and
+-- decide.lua's common and flush, which its batches call.
 
 local MAX = 9007199254740992 -- 2^53
 
@@ -237,109 +244,100 @@ end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'funnel', true, false, false, 'burst'
 m.FIELD1, m.FIELD2, m.FOREIGN, m.REGISTRY, m.REQUESTS, m.STATE_AT = 'tat', nil, '[^%d,;]', 2, 3, 9
 m.read = function(key) return redis.pcall('HMGET', key, 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more', 'shadow', 'burst', 'tat') end
+-- commons holds the configs a call's requests were given, parsed (rate,
+-- interval, burst and buckets), or false for one common does not decide: a
+-- batch's requests mostly share one.
+local commons = {}
 
-local a = 4
-local now = ARGV[a + 1]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = now + 0
-end
-local key, arg = KEYS[1], ARGV[a + 3]
-local source = string.match(arg, '^%a+') or ''
+-- touched holds, by key, what a batch's common requests have made of a
+-- limiter's key (its entry), in order, to be written by flush. An entry is
+-- also the rate's table the module decides in (decide.lua's s), which
+-- holds, besides the module's own: m, the module; hash, the key holds a
+-- hash (else a flat state, or nothing: existed, whether it was there);
+-- stored, the config the hash holds (rate, interval, burst, buckets,
+-- keepalive, shadow); v1 and v2, the state's fields as the last decision
+-- left them; dirty, they changed; px, the expiry a change moved (ms);
+-- alive, a keep-alive's TTL.
+local touched, order = {}, {}
 
--- The limiter's key, read as decide.lua's read_limiter reads it; the
--- config, stored or given, of one rate.
-local f, flat = nil, nil
-if source == 'default' then
-  local got = redis.pcall('GET', key)
-  if got and got.err then
-    f = m.read(key) -- a hash after all: a guess that cost a failed command, and the reply tells it
+-- entry reads the limiter's key, as decide.lua's read_limiter reads it:
+-- once in a batch (batched: kept in touched); default, the request's source
+-- is a default whose limiter last held no hash; fixed, Throttle's. It
+-- returns the entry, or a reply for a request common does not decide.
+local function entry(m, key, default, fixed, batched)
+  local e = batched and touched[key]
+  if e then
+    if e.m ~= m then return 'full' end
+    return e
+  end
+  local f, flat = nil, nil
+  if default then
+    local got = redis.pcall('GET', key)
+    if got and got.err then
+      f = m.read(key) -- a hash after all: a guess that cost a failed command, and the reply tells it
+    else
+      flat = got or nil
+    end
   else
-    flat = got or nil
+    f = m.read(key)
   end
-else
-  f = m.read(key)
-end
-if f and f.err then return 'full' end
-if f and not (f[1] or f[2] or f[5] or f[m.STATE_AT] or f[m.STATE_AT + 1])
-    and source ~= 'fixed' and redis.call('EXISTS', key) == 0 then
-  f = nil -- guessed a hash, and nothing is there (after a Delete, say): the reply tells it
-end
-if flat and (string.find(flat, m.FOREIGN) or string.find(flat, ';', 1, true)) then
-  return 'full' -- a marker, another algorithm's, or several rates' parts
-end
-local rate, interval, burst, buckets, keepalive, stored, shadow = nil, nil, 0, 0, 0, false, 0
-if f and (f[1] or f[2] or f[5]) then
-  rate, interval = tonumber(f[1]), tonumber(f[2])
-  keepalive = tonumber(f[4] or 0)
-  if f[3] == '1' then
-    return 'perclient' -- sent with the short key list: the client sends them all, to decide.lua
+  if f and f.err then return 'full' end
+  if f and not (f[1] or f[2] or f[5] or f[m.STATE_AT] or f[m.STATE_AT + 1])
+      and not fixed and redis.call('EXISTS', key) == 0 then
+    f = nil -- guessed a hash, and nothing is there (after a Delete, say): the reply tells it
   end
-  local own = f[8]
-  if m.OWN == 'burst' then burst = tonumber(own or 0) elseif m.OWN == 'buckets' then buckets = tonumber(own or 0) end
-  if (f[5] or 'tokenbucket') ~= m.NAME or (f[3] or '0') ~= '0' or (f[6] or '') ~= ''
-      or m.OWN == 'calendar' and (own or '') ~= '' or source == 'fixed'
-      or not (rate and interval and burst and buckets and keepalive and rate % 1 + interval % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
-        and rate >= 1 and interval >= 1 and interval <= MAX and rate <= interval * 1000 and burst >= 0 and burst <= MAX
-        and buckets >= 0 and buckets <= 1000 and (buckets == 0 and 10 or buckets) <= interval
-        and keepalive >= 0 and keepalive <= MAX) then
-    return 'full'
+  if flat and (string.find(flat, m.FOREIGN) or string.find(flat, ';', 1, true)) then
+    return 'full' -- a marker, another algorithm's, or several rates' parts
   end
-  stored, shadow = true, f[7] == '1' and 1 or 0
-elseif arg ~= '' and not (f and not (f[m.STATE_AT] or f[m.STATE_AT + 1]) and source ~= 'fixed') then
-  local _, r, i, kind, b, bk, ka, rest = string.match(arg, '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
-  if kind ~= '0' or ka ~= '0' or rest ~= '' then return 'full' end
-  rate, interval, burst, buckets = r + 0, i + 0, b + 0, bk + 0
-else
-  return 'full' -- not initialized, or a hash decide.lua must look into
-end
-if burst == 0 then burst = rate end
-if buckets == 0 then buckets = 10 end
-
--- Decide, and write, as decide.lua does for one rate.
-local s = { rate = rate, interval = interval, burst = burst, buckets = buckets, K = '', where = key }
-if f then
-  m.load(s, f[m.STATE_AT], f[m.STATE_AT + 1], now)
-elseif flat and flat ~= '' then
-  if m.FIELD2 then
-    local v1, v2 = string.match(flat, '^(%S*) ?(.*)$')
-    m.load(s, v1, v2, now)
+  e = { m = m, hash = f ~= nil, existed = flat ~= nil, K = '', where = key }
+  if f and (f[1] or f[2] or f[5]) then
+    if f[3] == '1' then
+      return 'perclient' -- sent with the short key list: the client sends them all, to decide.lua
+    end
+    local rate, interval, keepalive = tonumber(f[1]), tonumber(f[2]), tonumber(f[4] or 0)
+    local own, burst, buckets = f[8], 0, 0
+    if m.OWN == 'burst' then burst = tonumber(own or 0) elseif m.OWN == 'buckets' then buckets = tonumber(own or 0) end
+    if (f[5] or 'tokenbucket') ~= m.NAME or (f[3] or '0') ~= '0' or (f[6] or '') ~= ''
+        or m.OWN == 'calendar' and (own or '') ~= ''
+        or not (rate and interval and burst and buckets and keepalive and rate % 1 + interval % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
+          and rate >= 1 and interval >= 1 and interval <= MAX and rate <= interval * 1000 and burst >= 0 and burst <= MAX
+          and buckets >= 0 and buckets <= 1000 and (buckets == 0 and 10 or buckets) <= interval
+          and keepalive >= 0 and keepalive <= MAX) then
+      return 'full'
+    end
+    e.stored = { rate, interval, burst == 0 and rate or burst, buckets == 0 and 10 or buckets, keepalive,
+      f[7] == '1' and 1 or 0 }
+  elseif f and not (f[m.STATE_AT] or f[m.STATE_AT + 1]) and not fixed then
+    return 'full' -- a hash decide.lua must look into
+  end
+  if f then
+    e.v1, e.v2 = f[m.STATE_AT], f[m.STATE_AT + 1]
+  elseif flat and flat ~= '' and m.FIELD2 then
+    e.v1, e.v2 = string.match(flat, '^(%S*) ?(.*)$')
   else
-    m.load(s, flat, nil, now)
+    e.v1 = flat
   end
-else
-  m.load(s, nil, nil, now)
-end
-local permits = ARGV[a + 2] + 0
-local allowed, retry = 0, 0
-if permits > m.capacity(s) then
-  retry = -1
-else
-  local wait = m.wait(s, permits, now)
-  if wait > 0 then retry = wait else allowed = 1 end
-end
-if allowed == 1 and permits > 0 then
-  if not m.commit(s, permits, now) then
-    fail('permits' .. ' ' .. string.format('%d', permits) .. ': a debt past what the state holds exactly')
+  if batched then
+    touched[key] = e
+    order[#order + 1] = key
   end
+  return e
 end
-local remaining, reset = m.report(s, now)
-if remaining > m.capacity(s) then remaining = m.capacity(s) elseif remaining < 0 then remaining = 0 end
-local ms = (reset + (-reset) % 1000) / 1000
-if ms < 1 then ms = 1 end
-if allowed == 1 and permits > 0 then
-  local moved, v1, v2 = m.encode(s, now)
-  if not f then
+
+-- write writes what the common requests left of a key, e: the state (a
+-- flat state with its expiry, or fields of the hash, whose expiry moves
+-- unless it holds a stored config), then a keep-alive.
+local function write(key, e)
+  local m, v1, v2 = e.m, e.v1, e.v2
+  if e.dirty and not e.hash then
     if not v1 then
-      if flat then redis.call('DEL', key) end
-    elseif moved then
-      redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'PX', string.format('%d', ms))
+      if e.existed then redis.call('DEL', key) end
+    elseif e.px then
+      redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'PX', e.px)
     else
       redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'KEEPTTL')
     end
-  else
+  elseif e.dirty then
     if v1 and m.FIELD2 then
       redis.call('HSET', key, m.FIELD1, v1, m.FIELD2, v2)
     elseif v1 then
@@ -349,21 +347,106 @@ if allowed == 1 and permits > 0 then
     else
       redis.call('HDEL', key, m.FIELD1)
     end
-    if moved and not stored then
-      redis.call('PEXPIRE', key, string.format('%d', ms))
+    if e.px and not e.stored then
+      redis.call('PEXPIRE', key, e.px)
     end
   end
+  if e.alive then
+    redis.call('PEXPIRE', key, e.alive)
+  end
 end
-if stored and keepalive > 0 and permits > 0 then
-  -- Every acquire keeps the config alive, granted or denied; state in the
-  -- config hash keeps it alive as long as the state counts.
-  local ttl = keepalive
-  if reset > ttl * 1000 then ttl = ms end
-  redis.call('PEXPIRE', key, ttl)
+
+-- flush writes every key a batch's common requests decided on, once.
+local function flush()
+  for i = 1, #order do
+    write(order[i], touched[order[i]])
+  end
+  -- Emptied in place: gopher-lua (miniredis) gives a function pcall
+  -- called stale upvalues after an error, and the tables must stay one.
+  for i = #order, 1, -1 do
+    touched[order[i]], order[i] = nil, nil
+  end
 end
-if not stored and source ~= 'fixed' and not f then
-  return reply_default(allowed, remaining, retry, reset, nil)
+
+-- common decides the request whose keys are KEYS[k + 1 ..] and arguments
+-- ARGV[a + 1 .. a + na], by the module m, at now (µs), and returns its
+-- reply and its key's entry (batched: kept, for flush to write; else the
+-- caller's to write).
+local function common(m, k, a, na, now, batched)
+  local key, arg = KEYS[k + 1], ARGV[a + 3]
+  -- The source, by its first byte (a match would cost a call about what a
+  -- command does).
+  local source = string.byte(arg, 1)
+  local fixed = source == 102
+  local e = entry(m, key, source == 100, fixed, batched)
+  if type(e) == 'string' then
+    return e
+  end
+  -- The config: the stored one, else the request's, of one rate.
+  local rate, interval, burst, buckets, keepalive, shadow = 0, 0, 0, 0, 0, 0
+  local stored = e.stored
+  if stored and not fixed then
+    rate, interval, burst, buckets, keepalive, shadow = stored[1], stored[2], stored[3], stored[4], stored[5], stored[6]
+  elseif stored or arg == '' then
+    return 'full' -- Throttle's over a stored config; or none stored, and no default
+  else
+    local given = commons[arg]
+    if given == nil then
+      local _, r, i, kind, b, bk, ka, rest = string.match(arg, '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+      r, b, bk = r + 0, b + 0, bk + 0
+      given = kind == '0' and ka == '0' and rest == '' and { r, i + 0, b == 0 and r or b, bk == 0 and 10 or bk }
+      commons[arg] = given
+    end
+    if not given then return 'full' end
+    rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
+  end
+
+  -- Decide, as decide.lua does for one rate, in memory: in the entry.
+  local s = e
+  s.rate, s.interval, s.burst, s.buckets = rate, interval, burst, buckets
+  m.load(s, e.v1 or nil, e.v2 or nil, now)
+  local permits, capacity = ARGV[a + 2] + 0, m.capacity(s)
+  local allowed, retry = 0, 0
+  if permits > capacity then
+    retry = -1
+  else
+    local wait = m.wait(s, permits, now)
+    if wait > 0 then retry = wait else allowed = 1 end
+  end
+  if allowed == 1 and permits > 0 then
+    if not m.commit(s, permits, now) then
+      fail('permits' .. ' ' .. string.format('%d', permits) .. ': a debt past what the state holds exactly')
+    end
+  end
+  local remaining, reset = m.report(s, now)
+  if remaining > capacity then remaining = capacity elseif remaining < 0 then remaining = 0 end
+  local ms = (reset + (-reset) % 1000) / 1000
+  if ms < 1 then ms = 1 end
+  if allowed == 1 and permits > 0 then
+    local moved
+    moved, e.v1, e.v2 = m.encode(s, now)
+    e.dirty = true
+    if moved then e.px = ms end
+  end
+  if stored and keepalive > 0 and permits > 0 then
+    -- Every acquire keeps the config alive, granted or denied; state in the
+    -- config hash keeps it alive as long as the state counts.
+    e.alive = reset > keepalive * 1000 and ms or keepalive
+  end
+  if not stored and not fixed and not e.hash then
+    return reply_default(allowed, remaining, retry, reset, nil), e
+  end
+  local window = capacity * interval / rate
+  window = window + (-window) % 1
+  return reply_full(e.hash and 'h' or 'f', allowed, capacity, remaining, retry, reset, window, shadow, 0, nil), e
 end
-local window = m.capacity(s) * interval / rate
-window = window + (-window) % 1
-return reply_full(f and 'h' or 'f', allowed, m.capacity(s), remaining, retry, reset, window, shadow, 0, nil)
+local now = ARGV[4 + 1]
+if now == '' then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = now + 0
+end
+local reply, e = common(m, 0, 4, #ARGV - 4, now, false)
+if type(e) == 'table' then write(KEYS[1], e) end
+return reply
