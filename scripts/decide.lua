@@ -517,12 +517,12 @@ local function decide(name, op, k, a, na)
     local life_ms = life
     local cap = config_key and redis.call('PTTL', config_key)
     if cap and cap > 0 and cap < life_ms then life_ms = cap end
-    redis.call('PEXPIRE', registry, life_ms)
+    redis.call('PEXPIRE', registry, string.format('%d', life_ms))
     -- PerClient state is in keys of each algorithm's own (and the registry,
     -- which all share): on a default, a marker in the limiter's key as the
     -- token bucket's, for as long as the registry lives.
     if none then
-      redis.call('SET', key1, name, 'PX', life_ms)
+      redis.call('SET', key1, name, 'PX', string.format('%d', life_ms))
     end
   end
   if not in_config and (wrote or op ~= OP_RELEASE and permits > 0) then
@@ -633,7 +633,7 @@ local function decide(name, op, k, a, na)
     if in_config and kind == 0 and reset > ttl * 1000 then
       ttl = ms
     end
-    redis.call('PEXPIRE', key1, ttl)
+    redis.call('PEXPIRE', key1, string.format('%d', ttl))
   end
 
   -- Reply.

@@ -1188,14 +1188,16 @@ end
 
 -- write writes what the common requests left of a key, e: the state (a
 -- flat state with its expiry, or fields of the hash, whose expiry moves
--- unless it holds a stored config), then a keep-alive.
+-- unless it holds a stored config), then a keep-alive. Numbers go to Redis
+-- as strings string.format wrote: Redis writes a number it is given with
+-- %.17g, a float's formatting, which costs a call more.
 local function write(key, e)
   local m, v1, v2 = e.m, e.v1, e.v2
   if e.dirty and not e.hash then
     if not v1 then
       if e.existed then redis.call('DEL', key) end
     elseif e.px then
-      redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'PX', e.px)
+      redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'PX', string.format('%d', e.px))
     else
       redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'KEEPTTL')
     end
@@ -1210,11 +1212,11 @@ local function write(key, e)
       redis.call('HDEL', key, m.FIELD1)
     end
     if e.px and not e.stored then
-      redis.call('PEXPIRE', key, e.px)
+      redis.call('PEXPIRE', key, string.format('%d', e.px))
     end
   end
   if e.alive then
-    redis.call('PEXPIRE', key, e.alive)
+    redis.call('PEXPIRE', key, string.format('%d', e.alive))
   end
 end
 
@@ -1757,12 +1759,12 @@ local function decide(name, op, k, a, na)
     local life_ms = life
     local cap = config_key and redis.call('PTTL', config_key)
     if cap and cap > 0 and cap < life_ms then life_ms = cap end
-    redis.call('PEXPIRE', registry, life_ms)
+    redis.call('PEXPIRE', registry, string.format('%d', life_ms))
     -- PerClient state is in keys of each algorithm's own (and the registry,
     -- which all share): on a default, a marker in the limiter's key as the
     -- token bucket's, for as long as the registry lives.
     if none then
-      redis.call('SET', key1, name, 'PX', life_ms)
+      redis.call('SET', key1, name, 'PX', string.format('%d', life_ms))
     end
   end
   if not in_config and (wrote or op ~= 'release' and permits > 0) then
@@ -1873,7 +1875,7 @@ local function decide(name, op, k, a, na)
     if in_config and kind == 0 and reset > ttl * 1000 then
       ttl = ms
     end
-    redis.call('PEXPIRE', key1, ttl)
+    redis.call('PEXPIRE', key1, string.format('%d', ttl))
   end
 
   -- Reply.

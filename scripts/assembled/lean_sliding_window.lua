@@ -316,14 +316,16 @@ end
 
 -- write writes what the common requests left of a key, e: the state (a
 -- flat state with its expiry, or fields of the hash, whose expiry moves
--- unless it holds a stored config), then a keep-alive.
+-- unless it holds a stored config), then a keep-alive. Numbers go to Redis
+-- as strings string.format wrote: Redis writes a number it is given with
+-- %.17g, a float's formatting, which costs a call more.
 local function write(key, e)
   local m, v1, v2 = e.m, e.v1, e.v2
   if e.dirty and not e.hash then
     if not v1 then
       if e.existed then redis.call('DEL', key) end
     elseif e.px then
-      redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'PX', e.px)
+      redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'PX', string.format('%d', e.px))
     else
       redis.call('SET', key, v2 and v1 .. ' ' .. v2 or v1, 'KEEPTTL')
     end
@@ -338,11 +340,11 @@ local function write(key, e)
       redis.call('HDEL', key, m.FIELD1)
     end
     if e.px and not e.stored then
-      redis.call('PEXPIRE', key, e.px)
+      redis.call('PEXPIRE', key, string.format('%d', e.px))
     end
   end
   if e.alive then
-    redis.call('PEXPIRE', key, e.alive)
+    redis.call('PEXPIRE', key, string.format('%d', e.alive))
   end
 end
 
