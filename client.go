@@ -102,8 +102,10 @@ type Decision struct {
 	Permits   int64
 	Result    Result
 	Err       error
-	Latency   time.Duration // of the round trip
-	Cached    bool          // denied by the local cache (WithLocalCache), without a round trip
+	// Latency is the decision's, round trip included when it made one:
+	// Result.Reason tells a lease's or the local cache's decision (no round
+	// trip) from Redis's.
+	Latency time.Duration
 }
 
 // WithObserver calls observe after every decision, on the caller's goroutine:

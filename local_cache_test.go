@@ -21,7 +21,7 @@ func TestLocalCacheFlood(t *testing.T) {
 		name := uniqueName(t)
 		var cachedDecisions int
 		c := newClient(counted, clk, WithLocalCache(), WithObserver(func(d Decision) {
-			if d.Cached {
+			if d.Result.Reason == ReasonCache {
 				cachedDecisions++
 			}
 		}))

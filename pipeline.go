@@ -33,7 +33,7 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 	start := time.Now()
 	var r Result
 	var err error
-	served, cached := false, false
+	served := false
 	// A caller that has given up goes to Redis, which tells it so, rather
 	// than to a lease or a cached denial.
 	local := permits > 0 && l.err == nil && ctx.Err() == nil
@@ -41,8 +41,7 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 		r, err, served = l.lease.allow(ctx, l, permits)
 	}
 	if local && !served && c.denials != nil {
-		r, cached = c.denials.lookup(l.denial, permits, c.clock())
-		served = cached
+		r, served = c.denials.lookup(l.denial, permits, c.clock())
 	}
 	if !served {
 		r, _, err = l.ask(ctx, request{op: opAllow, permits: permits})
@@ -51,7 +50,7 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 		}
 	}
 	r, err, open := c.settle(ctx, l, r, err)
-	c.tell(l, permits, r, err, start, cached)
+	c.tell(l, permits, r, err, start)
 	if open {
 		return r, nil
 	}
@@ -85,10 +84,10 @@ func (c *Client) grantsOpen(ctx context.Context, err error, open bool) bool {
 }
 
 // tell tells the observer of a decision that began at start.
-func (c *Client) tell(l *Limiter, permits int64, r Result, err error, start time.Time, cached bool) {
+func (c *Client) tell(l *Limiter, permits int64, r Result, err error, start time.Time) {
 	if c.observe != nil {
 		c.observe(Decision{Limiter: l.name, Algorithm: l.alg.Name, Permits: permits, Result: r, Err: err,
-			Latency: time.Since(start), Cached: cached})
+			Latency: time.Since(start)})
 	}
 }
 
