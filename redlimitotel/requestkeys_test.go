@@ -34,7 +34,7 @@ func TestKeysFromRequestsOneSeries(t *testing.T) {
 	client := redlimit.New(rdb, redlimit.WithObserver(observe), redlimit.WithPrefix("app:"))
 	handler := httplimit.New(func(key string) *redlimit.Limiter {
 		return client.FixedWindow("user:" + key).WithDefault(redlimit.PerMinute(10))
-	}, httplimit.Header("X-User"))(http.NotFoundHandler())
+	}, httplimit.WithKey(httplimit.Header("X-User")))(http.NotFoundHandler())
 
 	var users []string
 	for i := range 5 {
