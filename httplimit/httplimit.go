@@ -23,7 +23,7 @@
 // error hook (WithErrorHook) is not told.
 //
 // Middlewares can be stacked, say per IP outside and per user inside, each
-// with its own WithPolicy. Both fields are lists: each middleware appends its
+// with a policy name of its own (WithPolicy). Both fields are lists: each middleware appends its
 // policy to RateLimit-Policy and its decision to RateLimit, outer first, so
 // the response reports every limit the request counted against (the draft
 // lets RateLimit carry an item for each policy in force), and a client can
