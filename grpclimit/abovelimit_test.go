@@ -24,16 +24,16 @@ const aboveLimit = "grpclimit: more permits than the rate limit grants"
 // with ResourceExhausted and no RetryInfo, as the client interceptors end
 // it, and carries ratelimit-policy (q tells the caller the most it may ask
 // for) but no ratelimit item, whose r and t would say "come back then" to a
-// call no wait lets through. It takes nothing, is not an outage (ErrorHook
-// is not told), and its handler does not run.
+// call no wait lets through. It takes nothing, is not an outage (the error
+// hook is not told), and its handler does not run.
 func TestAboveLimit(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		now := redistest.NewClock(redistest.WindowStart.Add(10 * time.Second))
 		name := redistest.UniqueName(t, "grpclimit-test:")
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		hooked := new(hookedErrors)
-		conn := limitedServer(t, allButList(client, name, redlimit.PerMinute(3)), grpclimit.Metadata("x-api-key"), grpclimit.ErrorHook(hooked.hook),
-			grpclimit.PermitsFunc(func(ctx context.Context, _ string, _ any) int64 {
+		conn := limitedServer(t, allButList(client, name, redlimit.PerMinute(3)), grpclimit.WithKey(grpclimit.Metadata("x-api-key")), grpclimit.WithErrorHook(hooked.hook),
+			grpclimit.WithPermits(func(ctx context.Context, _ string, _ any) int64 {
 				return cost(metadata.ValueFromIncomingContext(ctx, "x-cost"))
 			}))
 
@@ -59,7 +59,7 @@ func TestAboveLimit(t *testing.T) {
 			}
 		}
 		if errs := hooked.get(); len(errs) > 0 {
-			t.Errorf("ErrorHook told %v", errs)
+			t.Errorf("error hook told %v", errs)
 		}
 	})
 }
@@ -78,7 +78,7 @@ func (*aboveLimitAllower) Allow(context.Context, int64) (redlimit.Result, error)
 func TestAboveLimitFromAllower(t *testing.T) {
 	hooked := new(hookedErrors)
 	limiterFor := func(string, string) *aboveLimitAllower { return &aboveLimitAllower{} }
-	opts := []grpclimit.Option{grpclimit.Metadata("x-api-key"), grpclimit.ErrorHook(hooked.hook), grpclimit.LimitGRPCServices(true)}
+	opts := []grpclimit.Option{grpclimit.WithKey(grpclimit.Metadata("x-api-key")), grpclimit.WithErrorHook(hooked.hook), grpclimit.WithLimitedGRPCServices()}
 	conn := dial(t, serve(t,
 		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor, opts...)),
 		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor, opts...))))
@@ -89,6 +89,6 @@ func TestAboveLimitFromAllower(t *testing.T) {
 		}
 	}
 	if errs := hooked.get(); len(errs) > 0 {
-		t.Errorf("ErrorHook told %v", errs)
+		t.Errorf("error hook told %v", errs)
 	}
 }

@@ -26,13 +26,13 @@ import (
 // permits than the limit can ever grant fails with codes.ResourceExhausted
 // and no RetryInfo, as the server interceptors end it: no wait would help.
 // Redis unavailable is codes.Unavailable, or the call goes ahead with
-// FailOpen; any other error, redlimit.ErrMisconfigured among them, is
+// WithFailOpen; any other error, redlimit.ErrMisconfigured among them, is
 // codes.Internal.
 func UnaryClientInterceptor[L interface {
 	comparable
 	Acquirer
-}](limiterFor func(ctx context.Context, method string) L, opts ...ClientOption) grpc.UnaryClientInterceptor {
-	o := newClientOptions(opts)
+}](limiterFor func(ctx context.Context, method string) L, opts ...Option) grpc.UnaryClientInterceptor {
+	o := newOptions(opts)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
 		if err := wait(o, ctx, method, req, limiterFor); err != nil {
 			return err
@@ -42,12 +42,12 @@ func UnaryClientInterceptor[L interface {
 }
 
 // StreamClientInterceptor is UnaryClientInterceptor for streams: it waits
-// once, before the stream starts, PermitsFunc given no request.
+// once, before the stream starts, WithPermits's function given no request.
 func StreamClientInterceptor[L interface {
 	comparable
 	Acquirer
-}](limiterFor func(ctx context.Context, method string) L, opts ...ClientOption) grpc.StreamClientInterceptor {
-	o := newClientOptions(opts)
+}](limiterFor func(ctx context.Context, method string) L, opts ...Option) grpc.StreamClientInterceptor {
+	o := newOptions(opts)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, callOpts ...grpc.CallOption) (grpc.ClientStream, error) {
 		if err := wait(o, ctx, method, nil, limiterFor); err != nil {
 			return nil, err
@@ -56,23 +56,15 @@ func StreamClientInterceptor[L interface {
 	}
 }
 
-func newClientOptions(opts []ClientOption) *clientOptions {
-	o := &clientOptions{permits: onePermit}
-	for _, opt := range opts {
-		opt.applyClient(o)
-	}
-	return o
-}
-
 // wait takes a call's permits, waiting for them. A nil error lets the call
 // go ahead; any other is the status to end it with. A wait that cannot end
 // before the deadline, and a request above the limit, are denials, not
-// errors: ErrorHook is not told. (A function, not a method: methods cannot
+// errors: the error hook is not told. (A function, not a method: methods cannot
 // have type parameters.)
 func wait[L interface {
 	comparable
 	Acquirer
-}](o *clientOptions, ctx context.Context, method string, req any, limiterFor func(ctx context.Context, method string) L) error {
+}](o *options, ctx context.Context, method string, req any, limiterFor func(ctx context.Context, method string) L) error {
 	limiter := limiterFor(ctx, method)
 	var none L
 	if limiter == none {

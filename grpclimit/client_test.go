@@ -39,7 +39,7 @@ func upstream(t *testing.T) (addr string, reached *atomic.Int64) {
 }
 
 // limitedCaller dials addr through both client interceptors.
-func limitedCaller(t *testing.T, addr string, limiterFor func(ctx context.Context, method string) *redlimit.Limiter, opts ...grpclimit.ClientOption) *grpc.ClientConn {
+func limitedCaller(t *testing.T, addr string, limiterFor func(ctx context.Context, method string) *redlimit.Limiter, opts ...grpclimit.Option) *grpc.ClientConn {
 	return dial(t, addr,
 		grpc.WithChainUnaryInterceptor(grpclimit.UnaryClientInterceptor(limiterFor, opts...)),
 		grpc.WithChainStreamInterceptor(grpclimit.StreamClientInterceptor(limiterFor, opts...)))
@@ -101,7 +101,7 @@ func TestClientWaits(t *testing.T) {
 			limiterFor := allButList(client, name, cfg)
 			return limitedCaller(t, addr, func(_ context.Context, method string) *redlimit.Limiter {
 				return limiterFor(method, "")
-			}, grpclimit.PermitsFunc(costFromMetadata))
+			}, grpclimit.WithPermits(costFromMetadata))
 		}
 		instances := []*grpc.ClientConn{startInstance(), startInstance()}
 
@@ -189,7 +189,7 @@ func TestClientErrors(t *testing.T) {
 		name       string
 		limiterFor func(*redlimit.Client) func(context.Context, string) *redlimit.Limiter
 		clientOpts []redlimit.Option
-		opts       []grpclimit.ClientOption
+		opts       []grpclimit.Option
 		redis      string // "down"; "auth": requires a password the client lacks; "spent": the limit is used up
 		cancel     bool   // cancel the call after 100ms
 		code       codes.Code
@@ -197,11 +197,11 @@ func TestClientErrors(t *testing.T) {
 		wantErr    error // nil: the hook must not be called
 	}{
 		{"redis down: Unavailable", withDefault, nil, nil, "down", false, codes.Unavailable, false, redlimit.ErrUnavailable},
-		{"redis down: fail open", withDefault, nil, []grpclimit.ClientOption{grpclimit.FailOpen(true)}, "down", false, codes.OK, true, redlimit.ErrUnavailable},
+		{"redis down: fail open", withDefault, nil, []grpclimit.Option{grpclimit.WithFailOpen()}, "down", false, codes.OK, true, redlimit.ErrUnavailable},
 		{"redis down: the Client fails open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, "down", false, codes.OK, true, nil},
-		{"misconfigured: Internal, even failing open", withDefault, nil, []grpclimit.ClientOption{grpclimit.FailOpen(true)}, "auth", false, codes.Internal, false, redlimit.ErrMisconfigured},
-		{"not initialized: Internal, even failing open", withoutConfig, nil, []grpclimit.ClientOption{grpclimit.FailOpen(true)}, "", false, codes.Internal, false, redlimit.ErrNotInitialized},
-		{"negative permits: Internal", withDefault, nil, []grpclimit.ClientOption{grpclimit.PermitsFunc(func(context.Context, string, any) int64 { return -1 })}, "", false, codes.Internal, false, redlimit.ErrInvalidPermits},
+		{"misconfigured: Internal, even failing open", withDefault, nil, []grpclimit.Option{grpclimit.WithFailOpen()}, "auth", false, codes.Internal, false, redlimit.ErrMisconfigured},
+		{"not initialized: Internal, even failing open", withoutConfig, nil, []grpclimit.Option{grpclimit.WithFailOpen()}, "", false, codes.Internal, false, redlimit.ErrNotInitialized},
+		{"negative permits: Internal", withDefault, nil, []grpclimit.Option{grpclimit.WithPermits(func(context.Context, string, any) int64 { return -1 })}, "", false, codes.Internal, false, redlimit.ErrInvalidPermits},
 		{"canceled while waiting: Canceled, not an error", withDefault, nil, nil, "spent", true, codes.Canceled, false, nil},
 	}
 	for _, tt := range tests {
@@ -222,7 +222,7 @@ func TestClientErrors(t *testing.T) {
 				}
 			}
 			hooked := new(hookedErrors)
-			opts := append([]grpclimit.ClientOption{grpclimit.ErrorHook(hooked.hook)}, tt.opts...)
+			opts := append([]grpclimit.Option{grpclimit.WithErrorHook(hooked.hook)}, tt.opts...)
 			addr, reached := upstream(t)
 			conn := limitedCaller(t, addr, tt.limiterFor(client), opts...)
 

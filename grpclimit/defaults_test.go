@@ -100,14 +100,17 @@ func (c *countingLimiter) asked() []string {
 // health services, keyed by an API key as the README's example: grpcurl's
 // calls (reflection, no key) and health checks go through without a key and
 // spend nothing, while a service of the user's (grpc.testing.TestService) is
-// limited. LimitGRPCServices(true) limits them all.
+// limited. WithLimitedGRPCServices limits them all.
 func TestGRPCServicesUnlimited(t *testing.T) {
 	const emptyCall = "/grpc.testing.TestService/EmptyCall"
 	for _, limitAll := range []bool{false, true} {
-		t.Run(fmt.Sprintf("LimitGRPCServices(%v)", limitAll), func(t *testing.T) {
+		t.Run(fmt.Sprintf("limited %v", limitAll), func(t *testing.T) {
 			fake := new(countingLimiter)
 			limiterFor := func(method, key string) *countingLimiter { return fake }
-			opts := []grpclimit.Option{grpclimit.Metadata("x-api-key"), grpclimit.LimitGRPCServices(limitAll)}
+			opts := []grpclimit.Option{grpclimit.WithKey(grpclimit.Metadata("x-api-key"))}
+			if limitAll {
+				opts = append(opts, grpclimit.WithLimitedGRPCServices())
+			}
 			srv := grpc.NewServer(
 				grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor, opts...)),
 				grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor, opts...)))
@@ -232,7 +235,7 @@ func TestFakeAcquirer(t *testing.T) {
 			return nil
 		}
 		return fake
-	}, grpclimit.PermitsFunc(func(context.Context, string, any) int64 { return 2 }))
+	}, grpclimit.WithPermits(func(context.Context, string, any) int64 { return 2 }))
 	invoked := 0
 	invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
 		invoked++
@@ -249,7 +252,7 @@ func TestFakeAcquirer(t *testing.T) {
 }
 
 // TestBreakerOpenToldOnce: 10,000 calls answered by an open breaker are one
-// call of ErrorHook, not 10,000, on the server and the client side; the
+// call of the error hook, not 10,000, on the server and the client side; the
 // failures that opened it are told each.
 func TestBreakerOpenToldOnce(t *testing.T) {
 	newClient := func(t *testing.T) *redlimit.Client {
@@ -276,8 +279,8 @@ func TestBreakerOpenToldOnce(t *testing.T) {
 		var errs []error
 		intercept := grpclimit.UnaryServerInterceptor(func(_, key string) *redlimit.Limiter {
 			return client.FixedWindow("breaker:" + key).WithDefault(redlimit.PerSecond(10))
-		}, grpclimit.KeyFunc(func(context.Context, string) (string, error) { return "k", nil }),
-			grpclimit.ErrorHook(func(_ context.Context, _ string, err error) { errs = append(errs, err) }))
+		}, grpclimit.WithKey(func(context.Context, string) (string, error) { return "k", nil }),
+			grpclimit.WithErrorHook(func(_ context.Context, _ string, err error) { errs = append(errs, err) }))
 		handler := func(context.Context, any) (any, error) { return nil, nil }
 		for i := range 10_000 {
 			if _, err := intercept(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/s/m"}, handler); status.Code(err) != codes.Unavailable {
@@ -292,7 +295,7 @@ func TestBreakerOpenToldOnce(t *testing.T) {
 		var errs []error
 		intercept := grpclimit.UnaryClientInterceptor(func(_ context.Context, method string) *redlimit.Limiter {
 			return client.FixedWindow("breaker:upstream").WithDefault(redlimit.PerSecond(10))
-		}, grpclimit.ErrorHook(func(_ context.Context, _ string, err error) { errs = append(errs, err) }))
+		}, grpclimit.WithErrorHook(func(_ context.Context, _ string, err error) { errs = append(errs, err) }))
 		invoker := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error { return nil }
 		for i := range 10_000 {
 			if err := intercept(context.Background(), "/s/m", nil, nil, nil, invoker); status.Code(err) != codes.Unavailable {

@@ -23,7 +23,7 @@ import (
 // Two calls a minute per API key, shared by every instance of the service,
 // unary calls and streams alike. The health service stands for yours: gRPC's
 // own health and reflection services are not limited unless
-// LimitGRPCServices says so.
+// WithLimitedGRPCServices says so.
 func ExampleUnaryServerInterceptor() {
 	mr, _ := miniredis.Run() // stands in for your Redis
 	defer mr.Close()
@@ -36,7 +36,7 @@ func ExampleUnaryServerInterceptor() {
 	limiterFor := func(method, key string) *redlimit.Limiter {
 		return client.FixedWindow("rpc:" + key).WithDefault(cfg)
 	}
-	opts := []grpclimit.Option{grpclimit.Metadata("x-api-key"), grpclimit.LimitGRPCServices(true)}
+	opts := []grpclimit.Option{grpclimit.WithKey(grpclimit.Metadata("x-api-key")), grpclimit.WithLimitedGRPCServices()}
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor, opts...)),
 		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor, opts...)))

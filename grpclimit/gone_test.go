@@ -20,7 +20,7 @@ import (
 // TestCallerGoneMidDecision: a caller that cancels its call while the call
 // is being decided never gets the handler run, unary or stream, on a Client
 // made WithFailOpen and with FailOpen: a caller that is gone is not an
-// outage. Whether Redis had granted it or not, ErrorHook is not told.
+// outage. Whether Redis had granted it or not, the error hook is not told.
 func TestCallerGoneMidDecision(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		for _, ran := range []bool{false, true} {
@@ -33,7 +33,7 @@ func TestCallerGoneMidDecision(t *testing.T) {
 			limiterFor := func(_, key string) *redlimit.Limiter {
 				return client.FixedWindow(name + key).WithDefault(redlimit.PerMinute(5))
 			}
-			opts := []grpclimit.Option{grpclimit.LimitGRPCServices(true), grpclimit.FailOpen(true), grpclimit.ErrorHook(func(context.Context, string, error) { hooked.Add(1) })}
+			opts := []grpclimit.Option{grpclimit.WithLimitedGRPCServices(), grpclimit.WithFailOpen(), grpclimit.WithErrorHook(func(context.Context, string, error) { hooked.Add(1) })}
 			// ended learns of each call's end on the server, after grpclimit's.
 			ended := make(chan struct{}, 1)
 			conn := dial(t, serve(t,
@@ -89,7 +89,7 @@ func TestCallerGoneMidDecision(t *testing.T) {
 				}
 			}
 			if handled.Load() != 0 || hooked.Load() != 0 {
-				t.Errorf("script ran %v: handler ran %d times for 3 callers gone, ErrorHook told %d times", ran, handled.Load(), hooked.Load())
+				t.Errorf("script ran %v: handler ran %d times for 3 callers gone, error hook told %d times", ran, handled.Load(), hooked.Load())
 			}
 		}
 	})

@@ -19,18 +19,18 @@
 // limiter is full again, or on a denial the wait; w and t are in whole
 // seconds, rounded up.
 //
-// A call that costs more permits than the limit can ever grant (its
-// PermitsFunc above q: redlimit.ErrPermitsExceedRate) can never succeed, so
+// A call that costs more permits than the limit can ever grant
+// (WithPermits above q: redlimit.ErrPermitsExceedRate) can never succeed, so
 // it is not told to come back: it ends with codes.ResourceExhausted, the
 // message "grpclimit: more permits than the rate limit grants" and no
 // RetryInfo, as the client interceptors end it, and its header metadata has
 // ratelimit-policy (q is the most a call may ask for) but no ratelimit item.
-// It takes nothing, and is the caller's doing, not an outage: ErrorHook is
-// not told.
+// It takes nothing, and is the caller's doing, not an outage: the error
+// hook (WithErrorHook) is not told.
 //
 // A limiter of several rates (redlimit.Config.And) is reported as httplimit
 // reports it: ratelimit-policy lists every rate, each named after the
-// PolicyName and its window, and ratelimit the rate that bound the decision
+// policy (WithPolicy) and its window, and ratelimit the rate that bound the decision
 // (Result.Bound), its t no longer than that rate's window:
 //
 //	ratelimit-policy: "default/1s";q=10;w=1, "default/1h";q=1000;w=3600
@@ -39,13 +39,13 @@
 // The server interceptors leave gRPC's own reflection and health services
 // (grpc.reflection.*, grpc.health.*) unlimited, before any KeyFunc runs: a
 // tool such as grpcurl, or a load balancer's health check, carries no API
-// key and should not spend a caller's permits. LimitGRPCServices(true)
+// key and should not spend a caller's permits. WithLimitedGRPCServices
 // limits them too.
 //
 // Callers are keyed by default by their IP address (PeerIP): an IPv4
 // address, or an IPv6 address's /64 network, the block one subscriber holds,
-// so that its other addresses are not fresh limits. PeerPrefix sets other
-// prefix lengths.
+// so that its other addresses are not fresh limits. WithKey sets another
+// key: PeerPrefix for other prefix lengths, Metadata for a metadata value.
 //
 // The interceptors are safe for concurrent use.
 package grpclimit
@@ -53,7 +53,6 @@ package grpclimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -64,7 +63,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/redlimit/redlimit"
-	"github.com/redlimit/redlimit/internal/breakerrun"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
@@ -76,94 +74,6 @@ const (
 
 // ErrNoKey: the call does not carry what its key is made of.
 var ErrNoKey = errors.New("grpclimit: no key")
-
-// Option configures the server interceptors. The options and their defaults:
-//
-//	KeyFunc            PeerIP(): the peer's IPv4 address, or its IPv6 /64
-//	PermitsFunc        1 permit per call
-//	PolicyName         "default"
-//	FailOpen           false: when Redis is unavailable, fail calls with codes.Unavailable
-//	ShadowHeaders      false: a decision in shadow mode sets no rate-limit metadata
-//	ErrorHook          none
-//	LimitGRPCServices  false: grpc.reflection.* and grpc.health.* are not limited
-type Option interface{ apply(*options) }
-
-// ClientOption configures the client interceptors: PermitsFunc, FailOpen and
-// ErrorHook, with the same defaults.
-type ClientOption interface{ applyClient(*clientOptions) }
-
-// KeyFunc names the caller a call counts against; the limiter is
-// limiterFor(method, redlimit.KeyPart(key)). An error fails the call
-// whatever FailOpen says (the key comes from the call, and failing open
-// would let a caller skip the limit by leaving out what the key is made
-// of): with the error's own code when it is a gRPC status
-// (status.FromError), else with codes.InvalidArgument.
-//
-// The key is the caller's text (metadata, a claim), so the interceptors
-// escape it with redlimit.KeyPart before limiterFor sees it, whatever the
-// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
-// redlimit.MaxKeyPart bytes. A caller can then neither fail the call (a '{'
-// of its own would make an invalid name: codes.Internal for every such
-// call), nor choose the hash tag, and so the Redis Cluster slot, of its
-// limiter, nor make a key as long as its metadata. Keys as PeerIP makes
-// them, and ordinary ones ("alice@example.com"), pass unchanged.
-type KeyFunc func(ctx context.Context, method string) (string, error)
-
-// PermitsFunc is how many permits a call takes. method is the full method
-// name ("/package.Service/Method"); req is a unary call's request message,
-// and nil for a stream, which is decided before any message. Zero lets the
-// call through and only reports the limiter's state; more than the limit can
-// ever grant is codes.ResourceExhausted without RetryInfo (see the package
-// doc); a negative number is an error (ErrorHook, codes.Internal).
-type PermitsFunc func(ctx context.Context, method string, req any) int64
-
-// PolicyName identifies the policy in ratelimit-policy and ratelimit. It must
-// be printable ASCII: the interceptor constructors panic otherwise.
-type PolicyName string
-
-// FailOpen lets calls through when Redis cannot decide
-// (redlimit.ErrUnavailable: unreachable, timed out, failing over), without
-// rate-limit metadata on the server. Without it they fail with
-// codes.Unavailable. Either way ErrorHook learns the error.
-//
-// Any other error is a bug or a misconfiguration to fix, not an outage to
-// ride out, and fails the call with codes.Internal whatever FailOpen says:
-// redlimit.ErrMisconfigured above all (Redis refused: an ACL, a password),
-// which failing open would turn into limits silently switched off.
-// codes.Internal rather than FailedPrecondition because the caller can do
-// nothing about it, as httplimit answers 500 to it.
-//
-// A Client made WithFailOpen grants such calls itself: no error reaches the
-// interceptor, so ErrorHook is not told (the Client's observer is).
-type FailOpen bool
-
-// ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
-// not of a call whose context ended first, nor of a denial, nor of a call
-// above the limit (redlimit.ErrPermitsExceedRate), which is the caller's to
-// fix and would let any caller fill a log. It runs on the
-// call's goroutine, so it must be quick: a log line, a counter.
-//
-// The one exception: while a Client's breaker is open
-// (redlimit.WithBreaker), every call is answered with
-// redlimit.ErrBreakerOpen in microseconds, and a hook that logs would write
-// a line for each. So ErrorHook is told of the first ErrBreakerOpen of a run
-// only: the next is told once something else has happened in between (a
-// decision, or another error, such as the breaker's failed probe once per
-// cool-down). The failures that open the breaker and those of its probes are
-// told as they come. To count every call answered so, use the Client's
-// observer (redlimit.WithObserver), which sees them all.
-type ErrorHook func(ctx context.Context, method string, err error)
-
-// ShadowHeaders sets the rate-limit metadata of a decision made in shadow
-// mode (redlimit.Limiter.WithShadow, SetShadow) as enforcing would have;
-// the call goes through either way. By default such a decision sets none,
-// so that a limit on trial is invisible to callers.
-type ShadowHeaders bool
-
-// LimitGRPCServices limits the calls of gRPC's reflection and health
-// services (methods under /grpc.reflection. and /grpc.health.) like any
-// other. By default they go through without a KeyFunc or a limiter.
-type LimitGRPCServices bool
 
 // Allower is what the server interceptors ask for a decision: a
 // *redlimit.Limiter, or a wrapper or fake of one. A Result with Limit 0 and
@@ -178,39 +88,6 @@ type Allower interface {
 type Acquirer interface {
 	Acquire(ctx context.Context, permits int64) error
 }
-
-type options struct {
-	key      KeyFunc
-	policy   PolicyName
-	limitAll LimitGRPCServices
-	shadow   ShadowHeaders
-	clientOptions
-
-	name string // the policy name as an sf-string
-}
-
-type clientOptions struct {
-	permits PermitsFunc
-	open    FailOpen
-	hook    ErrorHook
-
-	// breakerRun: a run of ErrBreakerOpen is told once. See ErrorHook.
-	breakerRun breakerrun.Run
-}
-
-func (o KeyFunc) apply(opts *options)           { opts.key = o }
-func (o PolicyName) apply(opts *options)        { opts.policy = o }
-func (o PermitsFunc) apply(opts *options)       { o.applyClient(&opts.clientOptions) }
-func (o FailOpen) apply(opts *options)          { o.applyClient(&opts.clientOptions) }
-func (o ErrorHook) apply(opts *options)         { o.applyClient(&opts.clientOptions) }
-func (o LimitGRPCServices) apply(opts *options) { opts.limitAll = o }
-func (o ShadowHeaders) apply(opts *options)     { opts.shadow = o }
-
-func (o PermitsFunc) applyClient(opts *clientOptions) { opts.permits = o }
-func (o FailOpen) applyClient(opts *clientOptions)    { opts.open = o }
-func (o ErrorHook) applyClient(opts *clientOptions)   { opts.hook = o }
-
-func onePermit(context.Context, string, any) int64 { return 1 }
 
 // UnaryServerInterceptor takes permits from limiterFor(method, key) for each
 // unary call, key naming its caller (KeyFunc), escaped by redlimit.KeyPart
@@ -232,8 +109,8 @@ func onePermit(context.Context, string, any) int64 { return 1 }
 //
 // A nil Limiter (L's zero value) leaves the call unlimited. A call
 // whose caller goes away (its context cancelled) before the decision is made
-// ends with codes.Canceled, and the handler never runs for it, even under
-// FailOpen: a caller that is gone is not an outage.
+// ends with codes.Canceled, and the handler never runs for it, even with
+// WithFailOpen: a caller that is gone is not an outage.
 func UnaryServerInterceptor[L interface {
 	comparable
 	Allower
@@ -249,7 +126,7 @@ func UnaryServerInterceptor[L interface {
 }
 
 // StreamServerInterceptor is UnaryServerInterceptor for streams: one decision
-// when the stream starts, PermitsFunc given no request.
+// when the stream starts, WithPermits's function given no request.
 func StreamServerInterceptor[L interface {
 	comparable
 	Allower
@@ -263,25 +140,8 @@ func StreamServerInterceptor[L interface {
 	}
 }
 
-func newOptions(opts []Option) *options {
-	o := &options{
-		key:           PeerIP(),
-		policy:        "default",
-		clientOptions: clientOptions{permits: onePermit},
-	}
-	for _, opt := range opts {
-		opt.apply(o)
-	}
-	name, ok := ratelimitfields.Name(string(o.policy))
-	if !ok {
-		panic(fmt.Sprintf("grpclimit: policy name %q is not printable ASCII", o.policy))
-	}
-	o.name = name
-	return o
-}
-
 // grpcService reports whether method belongs to gRPC's reflection or health
-// service, left unlimited unless LimitGRPCServices.
+// service, left unlimited unless WithLimitedGRPCServices.
 func grpcService(method string) bool {
 	return strings.HasPrefix(method, "/grpc.reflection.") || strings.HasPrefix(method, "/grpc.health.")
 }
@@ -293,7 +153,7 @@ func decide[L interface {
 	comparable
 	Allower
 }](o *options, ctx context.Context, method string, req any, limiterFor func(method, key string) L, setHeader func(metadata.MD) error) error {
-	if !bool(o.limitAll) && grpcService(method) {
+	if !o.limitAll && grpcService(method) {
 		return nil
 	}
 	key, err := o.callKey(ctx, method)
@@ -319,7 +179,7 @@ func decide[L interface {
 		return o.failed(ctx, method, err)
 	}
 	// Limit 0: granted by a Client's WithFailOpen, without a decision.
-	if res.Limit > 0 && (!res.Shadow || bool(o.shadow)) {
+	if res.Limit > 0 && (!res.Shadow || o.shadow) {
 		// SetHeader fails only once headers are sent, which nothing has
 		// done before the handler runs.
 		_ = setHeader(o.fields(res))
@@ -349,11 +209,11 @@ func (o *options) callKey(ctx context.Context, method string) (string, error) {
 }
 
 // failed maps an error from the limiter to the call's status; nil lets the
-// call through (FailOpen). The context's end comes first: the caller is gone
+// call through (WithFailOpen). The context's end comes first: the caller is gone
 // or out of time, and its own error says so better than the limiter's.
 // ErrMisconfigured is checked before ErrUnavailable so that nothing can fail
 // it open.
-func (o *clientOptions) failed(ctx context.Context, method string, err error) error {
+func (o *options) failed(ctx context.Context, method string, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
@@ -372,7 +232,7 @@ func (o *clientOptions) failed(ctx context.Context, method string, err error) er
 	}
 }
 
-func (o *clientOptions) report(ctx context.Context, method string, err error) {
+func (o *options) report(ctx context.Context, method string, err error) {
 	if o.hook == nil {
 		return
 	}

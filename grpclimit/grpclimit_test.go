@@ -75,7 +75,7 @@ func cost(xCost []string) int64 {
 	return n
 }
 
-// hookedErrors records what a grpclimit.ErrorHook is given.
+// hookedErrors records what an error hook (WithErrorHook) is given.
 type hookedErrors struct {
 	mu   sync.Mutex
 	errs []error
@@ -113,9 +113,9 @@ func (h *hookedErrors) check(t *testing.T, k kind, want error) {
 }
 
 // limitedServer is serve with both server interceptors. The health service
-// stands for any service, so it is limited too (LimitGRPCServices).
+// stands for any service, so it is limited too (WithLimitedGRPCServices).
 func limitedServer(t *testing.T, limiterFor func(method, key string) *redlimit.Limiter, opts ...grpclimit.Option) *grpc.ClientConn {
-	opts = append([]grpclimit.Option{grpclimit.LimitGRPCServices(true)}, opts...)
+	opts = append([]grpclimit.Option{grpclimit.WithLimitedGRPCServices()}, opts...)
 	return dial(t, serve(t,
 		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(limiterFor, opts...)),
 		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(limiterFor, opts...))))
@@ -189,10 +189,10 @@ func TestServersShareOneLimit(t *testing.T) {
 			client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 			admin = client
 			return limitedServer(t, allButList(client, name, cfg),
-				grpclimit.Metadata("x-api-key"),
-				grpclimit.PermitsFunc(func(ctx context.Context, method string, req any) int64 {
+				grpclimit.WithKey(grpclimit.Metadata("x-api-key")),
+				grpclimit.WithPermits(func(ctx context.Context, method string, req any) int64 {
 					if isUnary := method == healthpb.Health_Check_FullMethodName; isUnary != (req != nil) {
-						t.Errorf("%s: PermitsFunc given request %v", method, req)
+						t.Errorf("%s: the permits function given request %v", method, req)
 					}
 					return cost(metadata.ValueFromIncomingContext(ctx, "x-cost"))
 				}),
@@ -274,7 +274,7 @@ func TestPeerIP(t *testing.T) {
 		keys = append(keys, key)
 		mu.Unlock()
 		return client.Funnel("peer:" + key).WithDefault(redlimit.Config{Rate: 1, Interval: time.Second, Burst: 2})
-	}, grpclimit.PolicyName(`per "ip"`))
+	}, grpclimit.WithPolicy(`per "ip"`))
 
 	want := []answer{
 		{code: codes.OK, fields: map[string]string{grpclimit.PolicyKey: `"per \"ip\"";q=2;w=2`, grpclimit.RateLimitKey: `"per \"ip\"";r=1;t=1`}},
@@ -301,7 +301,7 @@ func TestSeveralRates(t *testing.T) {
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		conn := limitedServer(t, func(_, key string) *redlimit.Limiter {
 			return client.TokenBucket(name + key).WithDefault(redlimit.PerSecond(2).And(redlimit.PerMinute(3)))
-		}, grpclimit.PolicyName("rpc"))
+		}, grpclimit.WithPolicy("rpc"))
 
 		const both = `"rpc/1s";q=2;w=1, "rpc/1m";q=3;w=60`
 		exceeded := "grpclimit: rate limit exceeded"
@@ -356,14 +356,14 @@ func TestServerErrors(t *testing.T) {
 		code       codes.Code
 		wantErr    error // nil: the hook must not be called
 	}{
-		{"no key: InvalidArgument, even failing open", withDefault, nil, []grpclimit.Option{grpclimit.Metadata("x-api-key"), grpclimit.FailOpen(true)}, "", codes.InvalidArgument, grpclimit.ErrNoKey},
-		{"a key func's status is the call's", withDefault, nil, []grpclimit.Option{grpclimit.KeyFunc(func(context.Context, string) (string, error) { return "", unauthenticated })}, "", codes.Unauthenticated, unauthenticated},
-		{"not initialized: Internal, even failing open", withoutConfig, nil, []grpclimit.Option{grpclimit.FailOpen(true)}, "", codes.Internal, redlimit.ErrNotInitialized},
-		{"negative permits: Internal", withDefault, nil, []grpclimit.Option{grpclimit.PermitsFunc(func(context.Context, string, any) int64 { return -1 })}, "", codes.Internal, redlimit.ErrInvalidPermits},
-		{"misconfigured: Internal, even failing open", withDefault, nil, []grpclimit.Option{grpclimit.FailOpen(true)}, "auth", codes.Internal, redlimit.ErrMisconfigured},
+		{"no key: InvalidArgument, even failing open", withDefault, nil, []grpclimit.Option{grpclimit.WithKey(grpclimit.Metadata("x-api-key")), grpclimit.WithFailOpen()}, "", codes.InvalidArgument, grpclimit.ErrNoKey},
+		{"a key func's status is the call's", withDefault, nil, []grpclimit.Option{grpclimit.WithKey(func(context.Context, string) (string, error) { return "", unauthenticated })}, "", codes.Unauthenticated, unauthenticated},
+		{"not initialized: Internal, even failing open", withoutConfig, nil, []grpclimit.Option{grpclimit.WithFailOpen()}, "", codes.Internal, redlimit.ErrNotInitialized},
+		{"negative permits: Internal", withDefault, nil, []grpclimit.Option{grpclimit.WithPermits(func(context.Context, string, any) int64 { return -1 })}, "", codes.Internal, redlimit.ErrInvalidPermits},
+		{"misconfigured: Internal, even failing open", withDefault, nil, []grpclimit.Option{grpclimit.WithFailOpen()}, "auth", codes.Internal, redlimit.ErrMisconfigured},
 		{"misconfigured: Internal, even if the Client fails open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, "auth", codes.Internal, redlimit.ErrMisconfigured},
 		{"redis down: Unavailable", withDefault, nil, nil, "down", codes.Unavailable, redlimit.ErrUnavailable},
-		{"redis down: fail open", withDefault, nil, []grpclimit.Option{grpclimit.FailOpen(true)}, "down", codes.OK, redlimit.ErrUnavailable},
+		{"redis down: fail open", withDefault, nil, []grpclimit.Option{grpclimit.WithFailOpen()}, "down", codes.OK, redlimit.ErrUnavailable},
 		{"redis down: the Client fails open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, "down", codes.OK, nil},
 	}
 	for _, tt := range tests {
@@ -379,7 +379,7 @@ func TestServerErrors(t *testing.T) {
 				m.RequireAuth("secret")
 			}
 			hooked := new(hookedErrors)
-			opts := append([]grpclimit.Option{grpclimit.ErrorHook(hooked.hook)}, tt.opts...)
+			opts := append([]grpclimit.Option{grpclimit.WithErrorHook(hooked.hook)}, tt.opts...)
 			conn := limitedServer(t, tt.limiterFor(redlimit.New(rdb, tt.clientOpts...)), opts...)
 
 			for _, k := range []kind{unary, stream} {
@@ -399,7 +399,7 @@ func TestServerErrors(t *testing.T) {
 
 // TestMisconfiguredRealRedis: a real server's refusal (WRONGPASS: a user that
 // does not exist, so the server is left as it is) is ErrMisconfigured, and
-// FailOpen lets no call through, on the server or the caller side.
+// WithFailOpen lets no call through, on the server or the caller side.
 func TestMisconfiguredRealRedis(t *testing.T) {
 	s := redistest.Shared(t)
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), Username: "grpclimit-nobody", Password: "nope", MaxRetries: -1})
@@ -407,14 +407,14 @@ func TestMisconfiguredRealRedis(t *testing.T) {
 	client := redlimit.New(rdb)
 	name := redistest.UniqueName(t, "grpclimit-test:")
 	hookedErrs := new(hookedErrors)
-	hook := grpclimit.ErrorHook(hookedErrs.hook)
+	hook := grpclimit.WithErrorHook(hookedErrs.hook)
 	server := limitedServer(t, func(_, key string) *redlimit.Limiter {
 		return client.FixedWindow(name + key).WithDefault(redlimit.PerSecond(10))
-	}, grpclimit.FailOpen(true), hook)
+	}, grpclimit.WithFailOpen(), hook)
 	addr, reached := upstream(t)
 	caller := limitedCaller(t, addr, func(context.Context, string) *redlimit.Limiter {
 		return client.FixedWindow(name + "upstream").WithDefault(redlimit.PerSecond(10))
-	}, grpclimit.FailOpen(true), hook)
+	}, grpclimit.WithFailOpen(), hook)
 
 	for _, k := range []kind{unary, stream} {
 		if got := call(t, server, k); got.code != codes.Internal || got.msg != "grpclimit: rate limiter misconfigured" {
@@ -448,8 +448,8 @@ func TestCallerGone(t *testing.T) {
 	hooked := false
 	intercept := grpclimit.UnaryServerInterceptor(func(_, key string) *redlimit.Limiter {
 		return client.FixedWindow("gone:" + key).WithDefault(redlimit.PerSecond(1))
-	}, grpclimit.KeyFunc(func(context.Context, string) (string, error) { return "k", nil }),
-		grpclimit.ErrorHook(func(context.Context, string, error) { hooked = true }))
+	}, grpclimit.WithKey(func(context.Context, string) (string, error) { return "k", nil }),
+		grpclimit.WithErrorHook(func(context.Context, string, error) { hooked = true }))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

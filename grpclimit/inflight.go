@@ -11,15 +11,6 @@ import (
 	"github.com/redlimit/redlimit"
 )
 
-// MaxWait is how long the in-flight interceptors wait for a slot before
-// failing a call with codes.ResourceExhausted; default 0, no wait. A wait
-// looks again every 20ms (redlimit.InFlight.Acquire), and ends early with
-// the call's own deadline. Only UnaryServerInFlight and StreamServerInFlight
-// read it; the others ignore it.
-type MaxWait time.Duration
-
-func (MaxWait) apply(*options) {}
-
 // releaseTimeout bounds the release after a handler: it runs on a context
 // of its own, as the call's has ended by then.
 const releaseTimeout = 5 * time.Second
@@ -41,17 +32,17 @@ const releaseTimeout = 5 * time.Second
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInFlight(limitFor)))
 //
 // A full limit fails the call with codes.ResourceExhausted, at once or
-// after waiting up to MaxWait for a slot; it carries no RetryInfo, as a
+// after waiting up to WithMaxWait for a slot; it carries no RetryInfo, as a
 // slot comes free when a handler returns, which nothing predicts. A nil
 // *redlimit.InFlight leaves the call unlimited. The options are the rate
-// interceptors', where they apply (KeyFunc, FailOpen, ErrorHook,
-// LimitGRPCServices), and MaxWait; errors map as theirs do. A release that
-// fails, or finds the hold lost (redlimit.ErrHoldLost: the handler outlived
-// its hold, refreshes failing), is told to ErrorHook.
+// interceptors', where they apply (WithKey, WithFailOpen, WithErrorHook,
+// WithLimitedGRPCServices), and WithMaxWait; errors map as theirs do. A
+// release that fails, or finds the hold lost (redlimit.ErrHoldLost: the
+// handler outlived its hold, refreshes failing), is told to the error hook.
 func UnaryServerInFlight(limitFor func(method, key string) *redlimit.InFlight, opts ...Option) grpc.UnaryServerInterceptor {
-	o, wait := newInFlightOptions(opts)
+	o := newOptions(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		hold, err := o.hold(ctx, info.FullMethod, limitFor, wait)
+		hold, err := o.hold(ctx, info.FullMethod, limitFor)
 		if err != nil {
 			return nil, err
 		}
@@ -63,9 +54,9 @@ func UnaryServerInFlight(limitFor func(method, key string) *redlimit.InFlight, o
 // StreamServerInFlight is UnaryServerInFlight for streams: a slot is held
 // for the stream's whole life.
 func StreamServerInFlight(limitFor func(method, key string) *redlimit.InFlight, opts ...Option) grpc.StreamServerInterceptor {
-	o, wait := newInFlightOptions(opts)
+	o := newOptions(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		hold, err := o.hold(ss.Context(), info.FullMethod, limitFor, wait)
+		hold, err := o.hold(ss.Context(), info.FullMethod, limitFor)
 		if err != nil {
 			return err
 		}
@@ -74,21 +65,11 @@ func StreamServerInFlight(limitFor func(method, key string) *redlimit.InFlight, 
 	}
 }
 
-func newInFlightOptions(opts []Option) (*options, time.Duration) {
-	var wait time.Duration
-	for _, opt := range opts {
-		if w, ok := opt.(MaxWait); ok {
-			wait = time.Duration(w)
-		}
-	}
-	return newOptions(opts), wait
-}
-
 // hold takes a call's slot. A nil error lets the call through, with the
 // Hold to release after it (nil when unlimited, or failed open); any other
 // is the status to end it with.
-func (o *options) hold(ctx context.Context, method string, limitFor func(method, key string) *redlimit.InFlight, wait time.Duration) (*redlimit.Hold, error) {
-	if !bool(o.limitAll) && grpcService(method) {
+func (o *options) hold(ctx context.Context, method string, limitFor func(method, key string) *redlimit.InFlight) (*redlimit.Hold, error) {
+	if !o.limitAll && grpcService(method) {
 		return nil, nil
 	}
 	key, err := o.callKey(ctx, method)
@@ -99,7 +80,7 @@ func (o *options) hold(ctx context.Context, method string, limitFor func(method,
 	if limit == nil {
 		return nil, nil
 	}
-	hold, err := acquire(ctx, limit, wait)
+	hold, err := acquire(ctx, limit, o.wait)
 	if err == nil {
 		o.breakerRun.Decided()
 	}

@@ -57,7 +57,7 @@ func TestInFlightInterceptors(t *testing.T) {
 				}
 				return client.InFlight(name).WithDefault(cfg)
 			}
-			opts := []grpclimit.Option{grpclimit.LimitGRPCServices(true)}
+			opts := []grpclimit.Option{grpclimit.WithLimitedGRPCServices()}
 			conns = append(conns, dial(t, serve(t,
 				grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInFlight(limitFor, opts...), blocking(entered, release)),
 				grpc.ChainStreamInterceptor(grpclimit.StreamServerInFlight(limitFor, opts...)))))
@@ -116,7 +116,7 @@ func TestInFlightInterceptors(t *testing.T) {
 	})
 }
 
-// With MaxWait a call waits for a slot: granted when one comes free in
+// WithMaxWait: a call waits for a slot: granted when one comes free in
 // time, ResourceExhausted when none does.
 func TestInFlightInterceptorMaxWait(t *testing.T) {
 	client := redlimit.New(redistest.Miniredis(t))
@@ -125,7 +125,7 @@ func TestInFlightInterceptorMaxWait(t *testing.T) {
 	entered, release := make(chan struct{}, 4), make(chan struct{})
 	serveWaiting := func(wait time.Duration) *grpc.ClientConn {
 		return dial(t, serve(t, grpc.ChainUnaryInterceptor(
-			grpclimit.UnaryServerInFlight(limitFor, grpclimit.LimitGRPCServices(true), grpclimit.MaxWait(wait)),
+			grpclimit.UnaryServerInFlight(limitFor, grpclimit.WithLimitedGRPCServices(), grpclimit.WithMaxWait(wait)),
 			blocking(entered, release))))
 	}
 	patient, brief := serveWaiting(5*time.Second), serveWaiting(60*time.Millisecond)
@@ -135,10 +135,10 @@ func TestInFlightInterceptorMaxWait(t *testing.T) {
 	<-entered
 	start := time.Now()
 	if a := call(t, brief, unary); a.code != codes.ResourceExhausted {
-		t.Fatalf("no slot within MaxWait: %v, want ResourceExhausted", a.code)
+		t.Fatalf("no slot within the wait: %v, want ResourceExhausted", a.code)
 	}
 	if waited := time.Since(start); waited < 60*time.Millisecond {
-		t.Fatalf("answered after %v, before MaxWait", waited)
+		t.Fatalf("answered after %v, before the wait ended", waited)
 	}
 	waiter := make(chan codes.Code, 1)
 	go func() { waiter <- call(t, patient, unary).code }()
@@ -150,13 +150,13 @@ func TestInFlightInterceptorMaxWait(t *testing.T) {
 	<-entered
 	release <- struct{}{}
 	if code := <-waiter; code != codes.OK {
-		t.Fatalf("a slot came free within MaxWait: %v, want OK", code)
+		t.Fatalf("a slot came free within the wait: %v, want OK", code)
 	}
 }
 
 // Errors map as the rate interceptors' do: an unavailable Redis fails the
-// call with codes.Unavailable, or with FailOpen lets it through, ErrorHook
-// told either way; a hold lost under the handler is told to ErrorHook when
+// call with codes.Unavailable, or with WithFailOpen lets it through, the error
+// hook told either way; a hold lost under the handler is told to it when
 // it is released.
 func TestInFlightInterceptorErrors(t *testing.T) {
 	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
@@ -165,9 +165,12 @@ func TestInFlightInterceptorErrors(t *testing.T) {
 	unavailable := redlimit.New(down).InFlight("x").WithDefault(cfg)
 	hooked := &hookedErrors{}
 	for _, open := range []bool{false, true} {
+		opts := []grpclimit.Option{grpclimit.WithLimitedGRPCServices(), grpclimit.WithErrorHook(hooked.hook)}
+		if open {
+			opts = append(opts, grpclimit.WithFailOpen())
+		}
 		conn := dial(t, serve(t, grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInFlight(
-			func(string, string) *redlimit.InFlight { return unavailable },
-			grpclimit.LimitGRPCServices(true), grpclimit.FailOpen(open), grpclimit.ErrorHook(hooked.hook)))))
+			func(string, string) *redlimit.InFlight { return unavailable }, opts...))))
 		want := codes.Unavailable
 		if open {
 			want = codes.OK
@@ -189,7 +192,7 @@ func TestInFlightInterceptorErrors(t *testing.T) {
 	}
 	conn := dial(t, serve(t, grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInFlight(
 		func(string, string) *redlimit.InFlight { return exports },
-		grpclimit.LimitGRPCServices(true), grpclimit.ErrorHook(hooked.hook)), deleting)))
+		grpclimit.WithLimitedGRPCServices(), grpclimit.WithErrorHook(hooked.hook)), deleting)))
 	if a := call(t, conn, unary); a.code != codes.OK {
 		t.Fatalf("%v %s", a.code, a.msg)
 	}

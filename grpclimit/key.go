@@ -10,6 +10,23 @@ import (
 	"google.golang.org/grpc/peer"
 )
 
+// KeyFunc names the caller a call counts against; the limiter is
+// limiterFor(method, redlimit.KeyPart(key)). An error fails the call
+// even with WithFailOpen (the key comes from the call, and failing open
+// would let a caller skip the limit by leaving out what the key is made
+// of): with the error's own code when it is a gRPC status
+// (status.FromError), else with codes.InvalidArgument.
+//
+// The key is the caller's text (metadata, a claim), so the interceptors
+// escape it with redlimit.KeyPart before limiterFor sees it, whatever the
+// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
+// redlimit.MaxKeyPart bytes. A caller can then neither fail the call (a '{'
+// of its own would make an invalid name: codes.Internal for every such
+// call), nor choose the hash tag, and so the Redis Cluster slot, of its
+// limiter, nor make a key as long as its metadata. Keys as PeerIP makes
+// them, and ordinary ones ("alice@example.com"), pass unchanged.
+type KeyFunc func(ctx context.Context, method string) (string, error)
+
 // PeerIP keys a call by the IP address of the connection's peer: an IPv4
 // address, or an IPv6 address's /64 network ("2001:db8:1:2::/64"). A /64 is
 // what an ISP gives one subscriber, and any address in it is the

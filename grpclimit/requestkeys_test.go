@@ -51,7 +51,7 @@ func keysUnder(t *testing.T, rdb redis.UniversalClient, prefix string) []string 
 
 // TestKeysFromMetadata: a metadata value is a key like any other, whatever
 // it holds. Each hostile value is limited as any caller is (two calls, then
-// ResourceExhausted at the limit of 2), never Internal nor an ErrorHook
+// ResourceExhausted at the limit of 2), never Internal nor an error hook
 // call; its limiter's key in Redis is the prefix's hash tag around "user:"
 // and the escaped value, so no caller picks the Cluster slot its limit
 // lives in nor makes a key longer than the bound; and no two values share a
@@ -97,7 +97,7 @@ func TestKeysFromMetadata(t *testing.T) {
 		hooked := new(hookedErrors)
 		conns := map[string]*grpc.ClientConn{}
 		for _, mdKey := range []string{"x-user", "x-user-bin"} {
-			conns[mdKey] = limitedServer(t, limiterFor, grpclimit.PolicyName("per-user"), grpclimit.Metadata(mdKey), grpclimit.ErrorHook(hooked.hook))
+			conns[mdKey] = limitedServer(t, limiterFor, grpclimit.WithPolicy("per-user"), grpclimit.WithKey(grpclimit.Metadata(mdKey)), grpclimit.WithErrorHook(hooked.hook))
 		}
 
 		fields := func(rateLimit string) map[string]string {
@@ -125,7 +125,7 @@ func TestKeysFromMetadata(t *testing.T) {
 			wantKeys = append(wantKeys, prefix+"{user:"+h.key+"}")
 		}
 		if errs := hooked.get(); len(errs) > 0 {
-			t.Errorf("ErrorHook told %v", errs)
+			t.Errorf("error hook told %v", errs)
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -154,7 +154,7 @@ func TestInFlightKeysFromMetadata(t *testing.T) {
 		return l
 	}
 	hooked := new(hookedErrors)
-	opts := []grpclimit.Option{grpclimit.Metadata("x-user"), grpclimit.ErrorHook(hooked.hook), grpclimit.LimitGRPCServices(true)}
+	opts := []grpclimit.Option{grpclimit.WithKey(grpclimit.Metadata("x-user")), grpclimit.WithErrorHook(hooked.hook), grpclimit.WithLimitedGRPCServices()}
 	conn := dial(t, serve(t,
 		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInFlight(limitFor, opts...)),
 		grpc.ChainStreamInterceptor(grpclimit.StreamServerInFlight(limitFor, opts...))))
@@ -164,7 +164,7 @@ func TestInFlightKeysFromMetadata(t *testing.T) {
 		}
 	}
 	if errs := hooked.get(); len(errs) > 0 {
-		t.Errorf("ErrorHook told %v", errs)
+		t.Errorf("error hook told %v", errs)
 	}
 	mu.Lock()
 	defer mu.Unlock()

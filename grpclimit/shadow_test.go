@@ -13,16 +13,20 @@ import (
 )
 
 // A limiter in shadow mode lets every call through; its metadata is set
-// only with ShadowHeaders.
+// only with WithShadowHeaders.
 func TestShadowMode(t *testing.T) {
 	for _, headers := range []bool{false, true} {
 		now := new(redistest.Clock)
 		now.Set(redistest.WindowStart)
 		client := redlimit.New(redistest.Miniredis(t), redlimit.WithClock(now.Now))
 		name := redistest.UniqueName(t, "grpclimit-test:")
+		opts := []grpclimit.Option{grpclimit.WithPolicy("rpc")}
+		if headers {
+			opts = append(opts, grpclimit.WithShadowHeaders())
+		}
 		conn := limitedServer(t, func(_, key string) *redlimit.Limiter {
 			return client.FixedWindow(name + key).WithDefault(redlimit.PerMinute(1)).WithShadow()
-		}, grpclimit.PolicyName("rpc"), grpclimit.ShadowHeaders(headers))
+		}, opts...)
 		for i, rateLimit := range []string{`"rpc";r=0;t=60`, `"rpc";r=0;t=60`} { // the second: denied, enforcing
 			want := answer{code: codes.OK}
 			if headers {

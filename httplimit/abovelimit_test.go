@@ -19,11 +19,11 @@ import (
 )
 
 // TestAboveLimit: a request that costs more than the limit can ever grant
-// is answered 413 Content Too Large through the ErrorHandler, with
+// is answered 413 Content Too Large through the error handler, with
 // RateLimit-Policy (q tells the client the most it may ask for) and
 // nothing else: no Retry-After, no RateLimit r or t, no legacy fields,
 // which would say "come back then" to a request no wait lets through. It
-// takes nothing, is not an outage (ErrorHook is not told), and under a
+// takes nothing, is not an outage (the error hook is not told), and under a
 // stacked middleware the outer one's decision is reported as ever.
 func TestAboveLimit(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
@@ -31,7 +31,7 @@ func TestAboveLimit(t *testing.T) {
 		name := uniqueName(t)
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		var hooked []error
-		hook := httplimit.ErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) })
+		hook := httplimit.WithErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) })
 		type handled struct {
 			status  int
 			errOK   bool // the error is ErrPermitsExceedRate, FromContext's too
@@ -41,23 +41,23 @@ func TestAboveLimit(t *testing.T) {
 		var errorHandled []handled
 		perUser := httplimit.New(func(user string) *redlimit.Limiter {
 			return client.FixedWindow(name + "user:" + user).WithDefault(redlimit.PerMinute(3))
-		}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"), httplimit.LegacyHeaders(true), httplimit.Clock(now.Now), hook,
-			httplimit.PermitsFunc(func(r *http.Request) int64 {
+		}, httplimit.WithPolicy("per-user"), httplimit.WithKey(httplimit.Header("X-User")), httplimit.WithLegacyHeaders(), httplimit.WithClock(now.Now), hook,
+			httplimit.WithPermits(func(r *http.Request) int64 {
 				n, _ := strconv.ParseInt(r.Header.Get("X-Cost"), 10, 64)
 				return n
 			}),
-			httplimit.ErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
+			httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
 				d, _ := httplimit.FromContext(r.Context())
 				errorHandled = append(errorHandled, handled{status, errors.Is(err, redlimit.ErrPermitsExceedRate) && d.Err == err, d.Result.Limit, d.Result.RetryAfter})
 				w.WriteHeader(status)
 			}),
-			httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
+			httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusTooManyRequests)
 				_, _ = io.WriteString(w, "denied")
-			}))
+			})))
 		perIP := httplimit.New(func(ip string) *redlimit.Limiter {
 			return client.FixedWindow(name + "ip:" + ip).WithDefault(redlimit.PerMinute(10))
-		}, httplimit.PolicyName("per-ip"), hook)
+		}, httplimit.WithPolicy("per-ip"), hook)
 		ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
 
 		const user = `"per-user";q=3;w=60`
@@ -97,11 +97,11 @@ func TestAboveLimit(t *testing.T) {
 				t.Errorf("step %d (cost %s): %d %q %v\nwant %d %q %v", i, step.cost, rec.Code, rec.Body, got, step.status, step.body, step.fields)
 			}
 			if want := (handled{413, true, 3, redlimit.Never}); step.status == 413 && (len(errorHandled) != 1 || errorHandled[0] != want) {
-				t.Errorf("step %d: ErrorHandler got %+v, want one call with %+v", i, errorHandled, want)
+				t.Errorf("step %d: error handler got %+v, want one call with %+v", i, errorHandled, want)
 			}
 		}
 		if len(hooked) > 0 {
-			t.Errorf("ErrorHook told %v", hooked)
+			t.Errorf("error hook told %v", hooked)
 		}
 	})
 }
@@ -116,12 +116,12 @@ func (*aboveLimitAllower) Allow(_ context.Context, _ int64) (redlimit.Result, er
 }
 
 // TestAboveLimitFromAllower: such an answer is the same 413, with the
-// default ErrorHandler's body.
+// default error handler's body.
 func TestAboveLimitFromAllower(t *testing.T) {
 	hooked := false
 	handler := httplimit.New(func(string) *aboveLimitAllower { return &aboveLimitAllower{} },
-		httplimit.ErrorHook(func(*http.Request, error) { hooked = true }),
-		httplimit.LegacyHeaders(true))(http.NotFoundHandler())
+		httplimit.WithErrorHook(func(*http.Request, error) { hooked = true }),
+		httplimit.WithLegacyHeaders())(http.NotFoundHandler())
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 	want := map[string]string{"RateLimit-Policy": `"default";q=5;w=10`}

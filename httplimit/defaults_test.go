@@ -87,7 +87,7 @@ func TestFakeLimiter(t *testing.T) {
 			return nil
 		}
 		return fake
-	}, httplimit.Header("X-User"), httplimit.PermitsFunc(func(*http.Request) int64 { return 3 }))(http.NotFoundHandler())
+	}, httplimit.WithKey(httplimit.Header("X-User")), httplimit.WithPermits(func(*http.Request) int64 { return 3 }))(http.NotFoundHandler())
 	steps := []struct {
 		user   string
 		status int
@@ -125,10 +125,10 @@ func (s *scriptedErrors) Allow(context.Context, int64) (redlimit.Result, error) 
 }
 
 // TestBreakerOpenToldOnce: 10,000 requests answered by an open breaker are
-// one call of ErrorHook, not 10,000; the failures that opened it are told
+// one call of the error hook, not 10,000; the failures that opened it are told
 // each, and a run told is told again once something else came between.
 func TestBreakerOpenToldOnce(t *testing.T) {
-	hooked := func() (httplimit.ErrorHook, *[]error) {
+	hooked := func() (func(*http.Request, error), *[]error) {
 		var errs []error
 		return func(_ *http.Request, err error) { errs = append(errs, err) }, &errs
 	}
@@ -152,7 +152,7 @@ func TestBreakerOpenToldOnce(t *testing.T) {
 		hook, errs := hooked()
 		handler := httplimit.New(func(key string) *redlimit.Limiter {
 			return client.FixedWindow("breaker:" + key).WithDefault(redlimit.PerSecond(10))
-		}, httplimit.ErrorHook(hook))(http.NotFoundHandler())
+		}, httplimit.WithErrorHook(hook))(http.NotFoundHandler())
 		serve(handler, 10_000, 503)
 		if len(*errs) != 4 {
 			t.Fatalf("hook called %d times, want 4: %v", len(*errs), (*errs)[:min(len(*errs), 6)])
@@ -179,8 +179,11 @@ func TestBreakerOpenToldOnce(t *testing.T) {
 		for _, failOpen := range []bool{false, true} {
 			hook, errs := hooked()
 			fake := &scriptedErrors{errs: slices.Clone(script)}
-			handler := httplimit.New(func(string) *scriptedErrors { return fake },
-				httplimit.ErrorHook(hook), httplimit.FailOpen(failOpen))(http.NotFoundHandler())
+			opts := []httplimit.Option{httplimit.WithErrorHook(hook)}
+			if failOpen {
+				opts = append(opts, httplimit.WithFailOpen())
+			}
+			handler := httplimit.New(func(string) *scriptedErrors { return fake }, opts...)(http.NotFoundHandler())
 			for i, err := range script {
 				rec := httptest.NewRecorder()
 				handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))

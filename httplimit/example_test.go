@@ -30,7 +30,7 @@ func ExampleNew() {
 	limit := httplimit.New(func(ip string) *redlimit.Limiter {
 		return client.FixedWindow("api:" + ip).WithDefault(cfg)
 	},
-		httplimit.ClientIP("X-Forwarded-For", netip.MustParsePrefix("10.0.0.0/8")),
+		httplimit.WithKey(httplimit.ClientIP("X-Forwarded-For", netip.MustParsePrefix("10.0.0.0/8"))),
 	)
 	handler := limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "hello\n")
@@ -66,17 +66,17 @@ func ExampleNew_stacked() {
 
 	perIP := httplimit.New(func(ip string) *redlimit.Limiter {
 		return client.FixedWindow("ip:" + ip).WithDefault(redlimit.PerMinute(100))
-	}, httplimit.PolicyName("per-ip"))
+	}, httplimit.WithPolicy("per-ip"))
 	perUser := httplimit.New(func(user string) *redlimit.Limiter {
 		return client.FixedWindow("user:" + user).WithDefault(redlimit.PerMinute(1))
-	}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"),
+	}, httplimit.WithPolicy("per-user"), httplimit.WithKey(httplimit.Header("X-User")),
 		// A JSON body for denials, from the decision.
-		httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
+		httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d, _ := httplimit.FromContext(r.Context())
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
 			fmt.Fprintf(w, `{"policy":%q,"retry_after_ms":%d}`+"\n", d.Policy, d.Result.RetryAfter.Milliseconds())
-		}))
+		})))
 	handler := perIP(perUser(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "hello\n")
 	})))

@@ -19,8 +19,8 @@ import (
 // TestClientGoneMidDecision: a client that closes its connection while its
 // request is being decided (net/http then cancels the request's context)
 // never gets the handler run, on a Client made WithFailOpen and with
-// FailOpen: a client that is gone is not an outage. Whether Redis had
-// granted it or not, nothing is written back, and ErrorHook is not told.
+// WithFailOpen: a client that is gone is not an outage. Whether Redis had
+// granted it or not, nothing is written back, and the error hook is not told.
 func TestClientGoneMidDecision(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
 		for _, ran := range []bool{false, true} {
@@ -33,7 +33,7 @@ func TestClientGoneMidDecision(t *testing.T) {
 			gone := make(chan struct{}, 1)
 			limit := httplimit.New(func(key string) *redlimit.Limiter {
 				return client.FixedWindow(name + key).WithDefault(redlimit.PerMinute(5))
-			}, httplimit.FailOpen(true), httplimit.ErrorHook(func(*http.Request, error) { hooked.Add(1) }))
+			}, httplimit.WithFailOpen(), httplimit.WithErrorHook(func(*http.Request, error) { hooked.Add(1) }))
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { handled.Add(1) })).ServeHTTP(w, r)
 				gone <- struct{}{}
@@ -60,7 +60,7 @@ func TestClientGoneMidDecision(t *testing.T) {
 			}
 			srv.Close()
 			if handled.Load() != 0 || hooked.Load() != 0 {
-				t.Errorf("script ran %v: handler ran %d times for 3 clients gone, ErrorHook told %d times", ran, handled.Load(), hooked.Load())
+				t.Errorf("script ran %v: handler ran %d times for 3 clients gone, error hook told %d times", ran, handled.Load(), hooked.Load())
 			}
 		}
 	})

@@ -14,15 +14,16 @@
 // config's Interval; the time a funnel's Burst takes to drain), r Remaining;
 // w and t are in whole seconds, rounded up.
 //
-// A request that costs more permits than the limit can ever grant (its
-// PermitsFunc above q: redlimit.ErrPermitsExceedRate) can never succeed,
-// so it is not told to come back: it is answered 413 Content Too Large
-// (ErrorHandler), with RateLimit-Policy, whose q is the most a request may
-// ask for, and no Retry-After, RateLimit item or legacy field. It takes
-// nothing, and is the client's doing, not an outage: ErrorHook is not told.
+// A request that costs more permits than the limit can ever grant
+// (WithPermits above q: redlimit.ErrPermitsExceedRate) can never succeed, so
+// it is not told to come back: it is answered 413 Content Too Large (the
+// error handler, WithErrorHandler), with RateLimit-Policy, whose q is the
+// most a request may ask for, and no Retry-After, RateLimit item or legacy
+// field. It takes nothing, and is the client's doing, not an outage: the
+// error hook (WithErrorHook) is not told.
 //
 // Middlewares can be stacked, say per IP outside and per user inside, each
-// with its own PolicyName. Both fields are lists: each middleware appends its
+// with a policy name of its own (WithPolicy). Both fields are lists: each middleware appends its
 // policy to RateLimit-Policy and its decision to RateLimit, outer first, so
 // the response reports every limit the request counted against (the draft
 // lets RateLimit carry an item for each policy in force), and a client can
@@ -32,7 +33,7 @@
 //	RateLimit: "per-ip";r=97;t=41, "per-user";r=0;t=41
 //
 // A limiter of several rates (redlimit.Config.And) lists each in
-// RateLimit-Policy, in config order, named after the PolicyName and the
+// RateLimit-Policy, in config order, named after the policy and the
 // rate's window written in its largest whole unit (1s, 90s, 1m, 1h, 1d, or
 // 1500ms for a funnel's), and reports in RateLimit the rate that bound the
 // decision (Result.Bound), as the draft lets a server do. With
@@ -49,15 +50,15 @@
 // a funnel can drain in the same time: the later one's name takes its
 // position in the config too ("default/2s#2"). The names follow each
 // decision, so a SetRate that changes an interval renames its rate, and one
-// down to a single rate gives back the plain PolicyName.
+// down to a single rate gives back the plain policy name.
 //
-// The handlers after the middleware, DeniedHandler and ErrorHandler among
+// The handlers after the middleware, the denied and error handlers among
 // them, find its Decision with FromContext.
 //
 // By default a client is its IP address (ClientIP): an IPv4 address, or an
 // IPv6 address's /64 network, the block an ISP gives one subscriber, whose
-// every address would otherwise be a fresh limit. ClientPrefix sets other
-// prefix lengths.
+// every address would otherwise be a fresh limit. WithKey(ClientPrefix(...))
+// sets other prefix lengths, WithKey(Header(...)) keys by a header.
 package httplimit
 
 import (
@@ -70,153 +71,11 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
-	"github.com/redlimit/redlimit/internal/breakerrun"
 	"github.com/redlimit/redlimit/internal/ratelimitfields"
 )
 
 // ErrNoKey: the request does not carry what its key is made of.
 var ErrNoKey = errors.New("httplimit: no key")
-
-// Option configures New. The options and their defaults:
-//
-//	KeyFunc        ClientIP(""): RemoteAddr's IPv4 address, or its IPv6 /64; no proxy trusted
-//	PermitsFunc    1 permit per request
-//	PolicyName     "default"
-//	LegacyHeaders  false: no X-RateLimit-Limit, -Remaining, -Reset
-//	FailOpen       false: when Redis is unavailable, answer 503 Service Unavailable
-//	ShadowHeaders  false: a decision in shadow mode sends no rate-limit fields
-//	ErrorHook      none
-//	DeniedHandler  429 Too Many Requests with a text/plain body
-//	ErrorHandler   400, 500 or 503 with a text/plain body
-//	Clock          time.Now, read only for X-RateLimit-Reset
-type Option interface{ apply(*options) }
-
-type options struct {
-	key     KeyFunc
-	permits PermitsFunc
-	policy  PolicyName
-	legacy  LegacyHeaders
-	open    FailOpen
-	shadow  ShadowHeaders
-	hook    ErrorHook
-	denied  DeniedHandler
-	failed  ErrorHandler
-	now     Clock
-
-	name string // the policy name as an sf-string
-	// breakerRun: a run of ErrBreakerOpen is told once. See ErrorHook.
-	breakerRun breakerrun.Run
-}
-
-// KeyFunc names the client a request counts against: the limiter used is
-// limiterFor(redlimit.KeyPart(key)). An error rejects the request with 400
-// Bad Request, whatever FailOpen says: the key comes from the request, and
-// failing open would let a client skip the limit by leaving out what the key
-// is made of.
-//
-// The key is the client's text (a header, a claim), so the middleware
-// escapes it with redlimit.KeyPart before limiterFor sees it, whatever the
-// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
-// redlimit.MaxKeyPart bytes. A client can then neither fail the request (a
-// '{' of its own would make an invalid name: a 500 for every such request),
-// nor choose the hash tag, and so the Redis Cluster slot, of its limiter,
-// nor make a key as long as its header. Keys as ClientIP makes them, and
-// ordinary ones ("alice@example.com"), pass unchanged.
-type KeyFunc func(r *http.Request) (string, error)
-
-// PermitsFunc is how many permits a request takes. Zero lets it through and
-// only reports the limiter's state. More than the limit can ever grant is
-// answered 413 Content Too Large (see the package doc). A negative number is
-// a bug, not an outage: ErrorHook is told (redlimit.ErrInvalidPermits) and
-// the request is answered 500 Internal Server Error, whatever FailOpen says.
-type PermitsFunc func(r *http.Request) int64
-
-// PolicyName identifies the policy in RateLimit-Policy and RateLimit. It must
-// be printable ASCII: New panics otherwise. Stacked middlewares need names of
-// their own, or a client cannot tell their items apart.
-type PolicyName string
-
-// LegacyHeaders adds the pre-standard fields many clients still read:
-// X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset, the last as
-// a Unix time in seconds, as GitHub's API sends it. They hold one limit only:
-// of a limiter of several rates, the one RateLimit reports; under stacked
-// middlewares that set them, the one that binds (a denial; else the fewest
-// permits left; on a tie, the later reset).
-type LegacyHeaders bool
-
-// FailOpen lets requests through, without rate-limit fields of their own,
-// when Redis cannot decide (redlimit.ErrUnavailable: unreachable, timed out,
-// failing over, WithBreaker open). Without it they are answered 503 Service
-// Unavailable. Either way ErrorHook learns the error. Any other error is a
-// bug or a setup to fix, not an outage to ride out, and is answered 500
-// Internal Server Error whatever FailOpen says: redlimit.ErrMisconfigured
-// (Redis refused the call: an ACL, a password), ErrNotInitialized, a negative
-// PermitsFunc (ErrInvalidPermits), corrupt state.
-//
-// A Client made WithFailOpen grants such requests itself: Allow then reports
-// no error, so ErrorHook is not told (the Client's observer is), and the
-// response has no rate-limit fields, there being no decision to report.
-type FailOpen bool
-
-// ShadowHeaders sends the rate-limit fields of a decision made in shadow
-// mode (redlimit.Limiter.WithShadow, SetShadow) as enforcing would have,
-// except Retry-After: the request goes through. By default such a decision
-// sends none, so that a limit on trial is invisible to clients; the
-// handlers see it either way (FromContext: Result.Shadow, Result.Reason).
-type ShadowHeaders bool
-
-// ErrorHook is told of every error: the KeyFunc's, Redis's, the script's;
-// not of a request whose client has gone away, which gets no answer, nor of
-// one above the limit (redlimit.ErrPermitsExceedRate, 413), which is the
-// client's to fix and would let any client fill a log. It runs
-// on the request's goroutine, so it must be quick: a log line, a counter.
-//
-// The one exception: while a Client's breaker is open
-// (redlimit.WithBreaker), every request is answered with
-// redlimit.ErrBreakerOpen in microseconds, and a hook that logs would write
-// a line for each (140,337 in 3 s, once). So ErrorHook is told of the first
-// ErrBreakerOpen of a run only: the next is told once something else has
-// happened in between (a decision, or another error, such as the breaker's
-// failed probe once per cool-down). The failures that open the breaker and
-// those of its probes are told as they come. To count every request answered
-// so, use the Client's observer (redlimit.WithObserver), which sees them all.
-type ErrorHook func(r *http.Request, err error)
-
-// DeniedHandler writes the response to a denied request, one that a wait
-// lets through. The rate-limit fields and Retry-After are set before it is
-// called, and FromContext(r.Context()) holds the decision (its Result). A
-// request above the limit, which no wait lets through, goes to ErrorHandler
-// instead (413).
-type DeniedHandler func(w http.ResponseWriter, r *http.Request)
-
-// ErrorHandler writes the response to a request the middleware could not
-// decide, after ErrorHook, or one that can never be granted. status is what
-// the middleware would answer: 400 Bad Request (the KeyFunc failed), 413
-// Content Too Large (more permits than the limit can ever grant, err
-// redlimit.ErrPermitsExceedRate; RateLimit-Policy is set, and ErrorHook is
-// not told), 503 Service Unavailable (Redis is unavailable and FailOpen is
-// off) or 500 Internal Server Error (any other error); err is why
-// (FromContext(r.Context()).Err too). When a Client's
-// breaker is open (redlimit.ErrBreakerOpen), Retry-After is set before it is
-// called: 1 second, the breaker's default cool-down. The cool-down in force
-// is not known here, and a client back too early is answered at once by the
-// breaker without touching Redis.
-type ErrorHandler func(w http.ResponseWriter, r *http.Request, status int, err error)
-
-// Clock is the time X-RateLimit-Reset counts from. Tests pass the clock
-// their redlimit.Client has (redlimit.WithClock).
-type Clock func() time.Time
-
-func (o KeyFunc) apply(opts *options)       { opts.key = o }
-func (o PermitsFunc) apply(opts *options)   { opts.permits = o }
-func (o PolicyName) apply(opts *options)    { opts.policy = o }
-func (o LegacyHeaders) apply(opts *options) { opts.legacy = o }
-func (o FailOpen) apply(opts *options)      { opts.open = o }
-func (o ShadowHeaders) apply(opts *options) { opts.shadow = o }
-func (o ErrorHook) apply(opts *options)     { opts.hook = o }
-func (o DeniedHandler) apply(opts *options) { opts.denied = o }
-func (o ErrorHandler) apply(opts *options)  { opts.failed = o }
-func (o Clock) apply(opts *options)         { opts.now = o }
 
 // Allower is what the middleware asks for a decision: a *redlimit.Limiter,
 // or a wrapper or fake of one. A Result with Limit 0 and no error is a grant
@@ -226,18 +85,22 @@ type Allower interface {
 }
 
 // Decision is what the middleware made of a request. The handlers after it
-// (the next handler, DeniedHandler, ErrorHandler) read it with FromContext.
+// (the next handler, the denied and error handlers) read it with FromContext.
 type Decision struct {
-	Policy string // the PolicyName
+	Policy string // WithPolicy's name
 	// Key is what limiterFor was given: the KeyFunc's key through
 	// redlimit.KeyPart, so safe to log; "" when the KeyFunc failed.
 	Key string
-	// Result is the limiter's answer: zero when there is none (Err is set),
-	// Limit 0 when a Client made WithFailOpen granted without Redis.
+	// Result is the limiter's answer; Result.Reason says what decided (the
+	// limit in Redis, a lease, the Client's cache of denials, shadow mode,
+	// fail-open). It is zero when there is none (Err is set). A request
+	// granted without a decision, by a Client made redlimit.WithFailOpen or
+	// by WithFailOpen, has Allowed, Reason redlimit.ReasonFailOpen and
+	// Limit 0.
 	Result redlimit.Result
-	// Err is why there is no Result: the KeyFunc's error, or Allow's
-	// (redlimit.ErrUnavailable under FailOpen when the request was let
-	// through without a decision). nil when there is a Result, but for a
+	// Err is why there is no decision: the KeyFunc's error, or Allow's
+	// (redlimit.ErrUnavailable with WithFailOpen when the request was let
+	// through without one). nil when there is a Result, but for a
 	// request above the limit (413): its Result is the denial (RetryAfter
 	// redlimit.Never) and Err redlimit.ErrPermitsExceedRate.
 	Err error
@@ -271,30 +134,20 @@ func FromContext(ctx context.Context) (Decision, bool) {
 //
 // A request whose client goes away (its context cancelled) before the
 // decision is made is answered with nothing, and the next handler never runs
-// for it, even under FailOpen: a client that is gone is not an outage.
+// for it, even with WithFailOpen: a client that is gone is not an outage.
 func New[L interface {
 	comparable
 	Allower
 }](limiterFor func(key string) L, opts ...Option) func(http.Handler) http.Handler {
-	o := &options{
-		key:     ClientIP(""),
-		permits: func(*http.Request) int64 { return 1 },
-		policy:  "default",
-		denied:  tooManyRequests,
-		failed:  errorStatus,
-		now:     time.Now,
-	}
-	for _, opt := range opts {
-		opt.apply(o)
-	}
-	name, ok := ratelimitfields.Name(string(o.policy))
+	o := newOptions(opts)
+	name, ok := ratelimitfields.Name(o.policy)
 	if !ok {
 		panic(fmt.Sprintf("httplimit: policy name %q is not printable ASCII", o.policy))
 	}
 	o.name = name
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			d := Decision{Policy: string(o.policy)}
+			d := Decision{Policy: o.policy}
 			if d.Key, d.Err = o.requestKey(r); d.Err != nil {
 				o.fail(w, r, d, http.StatusBadRequest)
 				return
@@ -325,8 +178,7 @@ func New[L interface {
 				return
 			case errors.Is(d.Err, redlimit.ErrUnavailable):
 				if o.open {
-					o.report(r, d.Err)
-					next.ServeHTTP(w, withDecision(r, d))
+					o.passOpen(w, r, next, d)
 					return
 				}
 				if errors.Is(d.Err, redlimit.ErrBreakerOpen) {
@@ -340,16 +192,16 @@ func New[L interface {
 			}
 			r = withDecision(r, d)
 			// Limit 0: granted by a Client's WithFailOpen, without a decision.
-			if d.Result.Limit > 0 && (!d.Result.Shadow || bool(o.shadow)) {
+			if d.Result.Limit > 0 && (!d.Result.Shadow || o.shadow) {
 				o.setFields(w.Header(), d.Result)
 			}
 			switch {
 			case above:
-				// Not an outage nor a bug, so ErrorHook is not told: the
+				// Not an outage nor a bug, so the error hook is not told: the
 				// client asked for more than it can ever be granted.
 				o.failed(w, r, http.StatusRequestEntityTooLarge, d.Err)
 			case !d.Result.Allowed:
-				o.denied(w, r)
+				o.denied.ServeHTTP(w, r)
 			default:
 				next.ServeHTTP(w, r)
 			}
@@ -391,6 +243,14 @@ func withDecision(r *http.Request, d Decision) *http.Request {
 func (o *options) fail(w http.ResponseWriter, r *http.Request, d Decision, status int) {
 	o.report(r, d.Err)
 	o.failed(w, withDecision(r, d), status, d.Err)
+}
+
+// passOpen lets a request Redis could not decide through (WithFailOpen),
+// with the Result a Client made WithFailOpen would have given it.
+func (o *options) passOpen(w http.ResponseWriter, r *http.Request, next http.Handler, d Decision) {
+	o.report(r, d.Err)
+	d.Result = redlimit.Result{Allowed: true, Reason: redlimit.ReasonFailOpen}
+	next.ServeHTTP(w, withDecision(r, d))
 }
 
 func (o *options) report(r *http.Request, err error) {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,12 +44,12 @@ func TestInstancesShareOneLimit(t *testing.T) {
 			limit := httplimit.New(func(key string) *redlimit.Limiter {
 				return client.FixedWindow(name + key).WithDefault(cfg)
 			},
-				httplimit.LegacyHeaders(true),
-				httplimit.Clock(now.Now),
+				httplimit.WithLegacyHeaders(),
+				httplimit.WithClock(now.Now),
 				// The test's requests all come from 127.0.0.1: trusting it as a
 				// proxy lets X-Forwarded-For stand for other clients.
-				httplimit.ClientIP("X-Forwarded-For", netip.MustParsePrefix("127.0.0.1/32")),
-				httplimit.PermitsFunc(func(r *http.Request) int64 {
+				httplimit.WithKey(httplimit.ClientIP("X-Forwarded-For", netip.MustParsePrefix("127.0.0.1/32"))),
+				httplimit.WithPermits(func(r *http.Request) int64 {
 					n, err := strconv.ParseInt(r.Header.Get("X-Cost"), 10, 64)
 					if err != nil {
 						return 1
@@ -150,8 +151,10 @@ func TestInstancesShareOneLimit(t *testing.T) {
 }
 
 // TestErrors covers what happens when no decision can be made: the status,
-// what ErrorHook and ErrorHandler are told, and that the only field set is
-// Retry-After, when the breaker is open.
+// what the error hook and handler are told, what a request let through
+// finds in its context (the Result a Client made WithFailOpen gives, from
+// either), and that the only field set is Retry-After, when the breaker is
+// open.
 func TestErrors(t *testing.T) {
 	type limiterFor func(*redlimit.Client) func(string) *redlimit.Limiter
 	withDefault := func(client *redlimit.Client) func(string) *redlimit.Limiter {
@@ -162,7 +165,7 @@ func TestErrors(t *testing.T) {
 	withoutConfig := func(client *redlimit.Client) func(string) *redlimit.Limiter {
 		return func(key string) *redlimit.Limiter { return client.FixedWindow("errors:" + key) }
 	}
-	negative := httplimit.PermitsFunc(func(*http.Request) int64 { return -1 })
+	negative := httplimit.WithPermits(func(*http.Request) int64 { return -1 })
 	breaker := redlimit.WithBreaker(1, time.Hour)
 
 	tests := []struct {
@@ -176,20 +179,20 @@ func TestErrors(t *testing.T) {
 		wantErr    error  // nil: the hook must not be called
 		retryAfter string // "": none
 	}{
-		{"no key: 400, even failing open", withDefault, nil, []httplimit.Option{httplimit.Header("X-API-Key"), httplimit.FailOpen(true)}, "up", 0, 400, httplimit.ErrNoKey, ""},
-		{"not initialized: 500, even failing open", withoutConfig, nil, []httplimit.Option{httplimit.FailOpen(true)}, "up", 0, 500, redlimit.ErrNotInitialized, ""},
+		{"no key: 400, even failing open", withDefault, nil, []httplimit.Option{httplimit.WithKey(httplimit.Header("X-API-Key")), httplimit.WithFailOpen()}, "up", 0, 400, httplimit.ErrNoKey, ""},
+		{"not initialized: 500, even failing open", withoutConfig, nil, []httplimit.Option{httplimit.WithFailOpen()}, "up", 0, 500, redlimit.ErrNotInitialized, ""},
 		{"negative permits: 500", withDefault, nil, []httplimit.Option{negative}, "up", 0, 500, redlimit.ErrInvalidPermits, ""},
-		{"negative permits: 500, even failing open", withDefault, nil, []httplimit.Option{negative, httplimit.FailOpen(true)}, "up", 0, 500, redlimit.ErrInvalidPermits, ""},
-		{"misconfigured: 500, even failing open", withDefault, nil, []httplimit.Option{httplimit.FailOpen(true)}, "wrong password", 0, 500, redlimit.ErrMisconfigured, ""},
+		{"negative permits: 500, even failing open", withDefault, nil, []httplimit.Option{negative, httplimit.WithFailOpen()}, "up", 0, 500, redlimit.ErrInvalidPermits, ""},
+		{"misconfigured: 500, even failing open", withDefault, nil, []httplimit.Option{httplimit.WithFailOpen()}, "wrong password", 0, 500, redlimit.ErrMisconfigured, ""},
 		{"misconfigured: 500, even with the Client failing open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, "wrong password", 0, 500, redlimit.ErrMisconfigured, ""},
 		{"redis down: fail closed", withDefault, nil, nil, "down", 0, 503, redlimit.ErrUnavailable, ""},
-		{"redis down: fail open", withDefault, nil, []httplimit.Option{httplimit.FailOpen(true)}, "down", 0, 200, redlimit.ErrUnavailable, ""},
+		{"redis down: fail open", withDefault, nil, []httplimit.Option{httplimit.WithFailOpen()}, "down", 0, 200, redlimit.ErrUnavailable, ""},
 		{"redis down: the Client fails open", withDefault, []redlimit.Option{redlimit.WithFailOpen()}, nil, "down", 0, 200, nil, ""},
 		// The first failure opens the breaker; the next request is answered
 		// by it, and told when to come back.
 		{"breaker: the failure that opens it", withDefault, []redlimit.Option{breaker}, nil, "down", 0, 503, redlimit.ErrUnavailable, ""},
 		{"breaker open: 503 with Retry-After", withDefault, []redlimit.Option{breaker}, nil, "down", 1, 503, redlimit.ErrBreakerOpen, "1"},
-		{"breaker open: fail open", withDefault, []redlimit.Option{breaker}, []httplimit.Option{httplimit.FailOpen(true)}, "down", 1, 200, redlimit.ErrBreakerOpen, ""},
+		{"breaker open: fail open", withDefault, []redlimit.Option{breaker}, []httplimit.Option{httplimit.WithFailOpen()}, "down", 1, 200, redlimit.ErrBreakerOpen, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,21 +215,24 @@ func TestErrors(t *testing.T) {
 			}
 			var errorHandled []handled
 			opts := append([]httplimit.Option{
-				httplimit.ErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) }),
-				httplimit.ErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
+				httplimit.WithErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) }),
+				httplimit.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, status int, err error) {
 					d, _ := httplimit.FromContext(r.Context())
 					errorHandled = append(errorHandled, handled{status, err, d.Err})
 					w.WriteHeader(status)
 					_, _ = io.WriteString(w, "custom: "+err.Error())
 				}),
 			}, tt.opts...)
+			var passed []httplimit.Decision
 			handler := httplimit.New(tt.limiterFor(redlimit.New(rdb, tt.clientOpts...)), opts...)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				d, _ := httplimit.FromContext(r.Context())
+				passed = append(passed, d)
 				_, _ = io.WriteString(w, "ok")
 			}))
 			for range tt.before {
 				handler.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
 			}
-			hooked, errorHandled = nil, nil
+			hooked, errorHandled, passed = nil, nil, nil
 			rec := httptest.NewRecorder()
 			handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 
@@ -241,11 +247,15 @@ func TestErrors(t *testing.T) {
 			}
 			if tt.status == 200 {
 				if len(errorHandled) > 0 || rec.Body.String() != "ok" {
-					t.Errorf("ErrorHandler got %v, body %q; want the next handler's", errorHandled, rec.Body)
+					t.Errorf("error handler got %v, body %q; want the next handler's", errorHandled, rec.Body)
+				}
+				want := redlimit.Result{Allowed: true, Reason: redlimit.ReasonFailOpen}
+				if len(passed) != 1 || !reflect.DeepEqual(passed[0].Result, want) || !errors.Is(passed[0].Err, tt.wantErr) || (tt.wantErr == nil) != (passed[0].Err == nil) {
+					t.Errorf("the next handler saw %+v, want Result %+v and an error matching %v", passed, want, tt.wantErr)
 				}
 			} else {
 				if len(errorHandled) != 1 || errorHandled[0].status != tt.status || !errors.Is(errorHandled[0].err, tt.wantErr) || errorHandled[0].ctxErr != errorHandled[0].err {
-					t.Errorf("ErrorHandler got %v, want one call with %d and an error matching %v, in the context too", errorHandled, tt.status, tt.wantErr)
+					t.Errorf("error handler got %v, want one call with %d and an error matching %v, in the context too", errorHandled, tt.status, tt.wantErr)
 				} else if want := "custom: " + errorHandled[0].err.Error(); rec.Body.String() != want {
 					t.Errorf("body %q, want %q", rec.Body, want)
 				}
@@ -264,7 +274,7 @@ func TestErrors(t *testing.T) {
 }
 
 // TestMisconfiguredOnRedis: a refusal from a real Redis (an ACL that does not
-// cover the limiter's keys) is a 500 that no FailOpen turns into a pass.
+// cover the limiter's keys) is a 500 that no WithFailOpen turns into a pass.
 func TestMisconfiguredOnRedis(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Shared(t)
@@ -280,7 +290,7 @@ func TestMisconfiguredOnRedis(t *testing.T) {
 	var hooked error
 	handler := httplimit.New(func(key string) *redlimit.Limiter {
 		return client.FixedWindow(uniqueName(t) + key).WithDefault(redlimit.PerSecond(10))
-	}, httplimit.FailOpen(true), httplimit.ErrorHook(func(_ *http.Request, err error) { hooked = err }))(http.NotFoundHandler())
+	}, httplimit.WithFailOpen(), httplimit.WithErrorHook(func(_ *http.Request, err error) { hooked = err }))(http.NotFoundHandler())
 	rec := httptest.NewRecorder()
 	handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 	if rec.Code != 500 || !errors.Is(hooked, redlimit.ErrMisconfigured) || !strings.Contains(hooked.Error(), "NOPERM") {
@@ -297,10 +307,10 @@ func TestDefaults(t *testing.T) {
 	var denied bool
 	handler := httplimit.New(func(key string) *redlimit.Limiter {
 		return client.Funnel("defaults:" + key).WithDefault(cfg)
-	}, httplimit.PolicyName(`per "ip"`), httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
+	}, httplimit.WithPolicy(`per "ip"`), httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		denied = true
 		w.WriteHeader(http.StatusTooManyRequests)
-	}))(http.NotFoundHandler())
+	})))(http.NotFoundHandler())
 
 	want := []map[string]string{
 		{"RateLimit-Policy": `"per \"ip\"";q=2;w=2`, "RateLimit": `"per \"ip\"";r=1;t=1`},
@@ -321,7 +331,7 @@ func TestDefaults(t *testing.T) {
 		}
 	}
 	if !denied {
-		t.Error("the DeniedHandler was not called")
+		t.Error("the denied handler was not called")
 	}
 }
 
@@ -333,7 +343,7 @@ func TestClientGone(t *testing.T) {
 	hooked := false
 	handler := httplimit.New(func(key string) *redlimit.Limiter {
 		return client.FixedWindow("gone:" + key).WithDefault(redlimit.PerSecond(1))
-	}, httplimit.ErrorHook(func(*http.Request, error) { hooked = true }))(http.NotFoundHandler())
+	}, httplimit.WithErrorHook(func(*http.Request, error) { hooked = true }))(http.NotFoundHandler())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -366,10 +376,10 @@ func TestStackedPolicies(t *testing.T) {
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		perIP := httplimit.New(func(ip string) *redlimit.Limiter {
 			return client.FixedWindow(name + "ip:" + ip).WithDefault(redlimit.PerMinute(5))
-		}, httplimit.PolicyName("per-ip"), httplimit.LegacyHeaders(true), httplimit.Clock(now.Now))
+		}, httplimit.WithPolicy("per-ip"), httplimit.WithLegacyHeaders(), httplimit.WithClock(now.Now))
 		perUser := httplimit.New(func(user string) *redlimit.Limiter {
 			return client.FixedWindow(name + "user:" + user).WithDefault(redlimit.PerMinute(2))
-		}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"), httplimit.LegacyHeaders(true), httplimit.Clock(now.Now))
+		}, httplimit.WithPolicy("per-user"), httplimit.WithKey(httplimit.Header("X-User")), httplimit.WithLegacyHeaders(), httplimit.WithClock(now.Now))
 		handler := perIP(perUser(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "ok")
 		})))
@@ -428,7 +438,7 @@ func TestSeveralRates(t *testing.T) {
 		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
 		limiter := client.FixedWindow(name).WithDefault(redlimit.PerSecond(2).And(redlimit.PerMinute(3)))
 		handler := httplimit.New(func(string) *redlimit.Limiter { return limiter },
-			httplimit.LegacyHeaders(true), httplimit.Clock(now.Now))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			httplimit.WithLegacyHeaders(), httplimit.WithClock(now.Now))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "ok")
 		}))
 
@@ -467,7 +477,7 @@ func TestSeveralRates(t *testing.T) {
 			// trip: q follows it, and the minute's usage is kept.
 			{at: 61 * time.Second, setRate: redlimit.PerSecond(2).And(redlimit.PerMinute(5)), status: 200,
 				fields: fields(`"default/1s";q=2;w=1, "default/1m";q=5;w=60`, `"default/1s";r=1;t=1`, "", "2", "1", 62)},
-			// Down to one rate: the plain PolicyName again.
+			// Down to one rate: the plain policy name again.
 			{at: 62 * time.Second, setRate: redlimit.PerMinute(5), status: 200,
 				fields: fields(`"default";q=5;w=60`, `"default";r=2;t=58`, "", "5", "2", 120)},
 		}
@@ -531,7 +541,7 @@ func TestPolicyFollowsConfig(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			handler := httplimit.New(limiterFor[step.alg], httplimit.PolicyName("per-user"), httplimit.Header("X-User"))(http.NotFoundHandler())
+			handler := httplimit.New(limiterFor[step.alg], httplimit.WithPolicy("per-user"), httplimit.WithKey(httplimit.Header("X-User")))(http.NotFoundHandler())
 			req := httptest.NewRequest("GET", "/", nil)
 			req.Header.Set("X-User", "u1")
 			rec := httptest.NewRecorder()
@@ -543,7 +553,7 @@ func TestPolicyFollowsConfig(t *testing.T) {
 	})
 }
 
-// TestHandlersSeeDecision: the next handler and DeniedHandler read the
+// TestHandlersSeeDecision: the next handler and denied handler read the
 // decision from the request's context, and write their own bodies with it.
 func TestHandlersSeeDecision(t *testing.T) {
 	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
@@ -562,11 +572,11 @@ func TestHandlersSeeDecision(t *testing.T) {
 		}
 		handler := httplimit.New(func(user string) *redlimit.Limiter {
 			return client.FixedWindow(name + user).WithDefault(redlimit.PerMinute(1))
-		}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"),
-			httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
+		}, httplimit.WithPolicy("per-user"), httplimit.WithKey(httplimit.Header("X-User")),
+			httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusTooManyRequests)
 				_, _ = io.WriteString(w, "denied: "+describe(r))
-			}))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			})))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "granted: "+describe(r))
 		}))
 

@@ -9,14 +9,6 @@ import (
 	"github.com/redlimit/redlimit"
 )
 
-// MaxWait is how long InFlight waits for a slot before it answers 429 Too
-// Many Requests; default 0, no wait: a full limit answers at once. A wait
-// looks again every 20ms (redlimit.InFlight.Acquire). Only InFlight reads
-// it; New ignores it.
-type MaxWait time.Duration
-
-func (MaxWait) apply(*options) {}
-
 // releaseTimeout bounds the release after a handler: it runs on a context
 // of its own, as the request's may have ended (a client gone).
 const releaseTimeout = 5 * time.Second
@@ -33,31 +25,26 @@ const releaseTimeout = 5 * time.Second
 //	limit := httplimit.InFlight(func(string) *redlimit.InFlight { return exports })
 //	mux.Handle("/export", limit(exportHandler))
 //
-// A full limit is answered 429 Too Many Requests (DeniedHandler) at once, or
-// after waiting up to MaxWait for a slot; no Retry-After is set, as a slot
+// A full limit is answered 429 Too Many Requests (the denied handler) at
+// once, or after waiting up to WithMaxWait for a slot; no Retry-After is set, as a slot
 // comes free when a handler returns, which nothing predicts. A nil
 // *redlimit.InFlight leaves the request unlimited.
 //
-// The options are New's, where they apply: KeyFunc, FailOpen, ErrorHook,
-// DeniedHandler and ErrorHandler; and MaxWait. The handlers after it find
+// The options are New's, where they apply: WithKey, WithPolicy,
+// WithFailOpen, WithErrorHook, WithDeniedHandler and WithErrorHandler; and
+// WithMaxWait. The handlers after it find
 // the request's Hold with HoldFromContext, and its Decision with
 // FromContext (its Result is zero: an in-flight limit has no rate to
 // report). A release that fails, or finds the hold lost (redlimit.ErrHoldLost:
-// the handler outlived its hold, refreshes failing), is told to ErrorHook.
+// the handler outlived its hold, refreshes failing), is told to the error
+// hook.
 // A request whose client is gone before a slot is granted is answered with
 // nothing, and the handler never runs for it.
 func InFlight(limitFor func(key string) *redlimit.InFlight, opts ...Option) func(http.Handler) http.Handler {
-	o := &options{key: ClientIP(""), policy: "default", denied: tooManyRequests, failed: errorStatus}
-	var wait time.Duration
-	for _, opt := range opts {
-		if w, ok := opt.(MaxWait); ok {
-			wait = time.Duration(w)
-		}
-		opt.apply(o)
-	}
+	o := newOptions(opts)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			d := Decision{Policy: string(o.policy)}
+			d := Decision{Policy: o.policy}
 			if d.Key, d.Err = o.requestKey(r); d.Err != nil {
 				o.fail(w, r, d, http.StatusBadRequest)
 				return
@@ -67,7 +54,7 @@ func InFlight(limitFor func(key string) *redlimit.InFlight, opts ...Option) func
 				next.ServeHTTP(w, r)
 				return
 			}
-			hold, err := acquire(r.Context(), limit, wait)
+			hold, err := acquire(r.Context(), limit, o.wait)
 			if err == nil {
 				o.breakerRun.Decided()
 			}
@@ -90,8 +77,7 @@ func InFlight(limitFor func(key string) *redlimit.InFlight, opts ...Option) func
 				return
 			case errors.Is(err, redlimit.ErrUnavailable):
 				if o.open {
-					o.report(r, err)
-					next.ServeHTTP(w, withDecision(r, d))
+					o.passOpen(w, r, next, d)
 					return
 				}
 				if errors.Is(err, redlimit.ErrBreakerOpen) {
@@ -104,7 +90,7 @@ func InFlight(limitFor func(key string) *redlimit.InFlight, opts ...Option) func
 				return
 			}
 			if hold == nil {
-				o.denied(w, withDecision(r, d))
+				o.denied.ServeHTTP(w, withDecision(r, d))
 				return
 			}
 			d.Result = redlimit.Result{Allowed: true}
@@ -133,7 +119,7 @@ func acquire(ctx context.Context, limit *redlimit.InFlight, wait time.Duration) 
 type holdKey struct{}
 
 // HoldFromContext returns the Hold the innermost InFlight middleware took
-// for the request, and whether there is one (none under FailOpen, when Redis
+// for the request, and whether there is one (none with WithFailOpen, when Redis
 // could not decide). A handler may watch its Lost channel: the slot may be
 // another request's once it is closed.
 func HoldFromContext(ctx context.Context) (*redlimit.Hold, bool) {

@@ -123,23 +123,23 @@ func TestInFlightMiddlewareSharesOneLimit(t *testing.T) {
 	})
 }
 
-// With MaxWait a full limit waits for a slot: granted when one comes free
+// WithMaxWait: a full limit waits for a slot: granted when one comes free
 // in time, 429 when none does.
 func TestInFlightMiddlewareMaxWait(t *testing.T) {
 	client := redlimit.New(redistest.Miniredis(t))
 	exports := client.InFlight(uniqueName(t)).WithDefault(redlimit.InFlightConfig{Limit: 1, TTL: 30 * time.Second})
 	g := newGate()
-	waiting := httplimit.InFlight(func(string) *redlimit.InFlight { return exports }, httplimit.MaxWait(5*time.Second))(g)
-	brief := httplimit.InFlight(func(string) *redlimit.InFlight { return exports }, httplimit.MaxWait(60*time.Millisecond))(g)
+	waiting := httplimit.InFlight(func(string) *redlimit.InFlight { return exports }, httplimit.WithMaxWait(5*time.Second))(g)
+	brief := httplimit.InFlight(func(string) *redlimit.InFlight { return exports }, httplimit.WithMaxWait(60*time.Millisecond))(g)
 
 	busy := serveAsync(waiting, "192.0.2.1:1")
 	<-g.entered
 	start := time.Now()
 	if code := serveNow(t, brief, "192.0.2.1:2"); code != http.StatusTooManyRequests {
-		t.Fatalf("no slot within MaxWait: %d, want 429", code)
+		t.Fatalf("no slot within the wait: %d, want 429", code)
 	}
 	if waited := time.Since(start); waited < 60*time.Millisecond {
-		t.Fatalf("answered after %v, before MaxWait", waited)
+		t.Fatalf("answered after %v, before the wait ended", waited)
 	}
 	patient := serveAsync(waiting, "192.0.2.1:3")
 	time.Sleep(100 * time.Millisecond)
@@ -150,7 +150,7 @@ func TestInFlightMiddlewareMaxWait(t *testing.T) {
 	<-g.entered
 	g.release <- struct{}{}
 	if code := <-patient; code != http.StatusOK {
-		t.Fatalf("a slot came free within MaxWait: %d, want 200", code)
+		t.Fatalf("a slot came free within the wait: %d, want 200", code)
 	}
 }
 
@@ -172,18 +172,21 @@ func TestInFlightMiddlewareReleasesOnPanic(t *testing.T) {
 }
 
 // Errors map as New's: a failed KeyFunc is 400; an unavailable Redis 503,
-// or with FailOpen the handler runs (with no Hold), ErrorHook told either
+// or with WithFailOpen the handler runs (with no Hold), the error hook told either
 // way; a nil limit is unlimited; a hold lost under the handler (the limit
-// deleted meanwhile) is told to ErrorHook when it is released.
+// deleted meanwhile) is told to the error hook when it is released.
 func TestInFlightMiddlewareErrors(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, held := httplimit.HoldFromContext(r.Context()); held {
 			w.Header().Set("X-Held", "yes")
 		}
+		if d, decided := httplimit.FromContext(r.Context()); decided && d.Result.Allowed {
+			w.Header().Set("X-Reason", d.Result.Reason.String())
+		}
 	})
 	var mu sync.Mutex
 	var hooked []error
-	hook := httplimit.ErrorHook(func(_ *http.Request, err error) {
+	hook := httplimit.WithErrorHook(func(_ *http.Request, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		hooked = append(hooked, err)
@@ -214,9 +217,9 @@ func TestInFlightMiddlewareErrors(t *testing.T) {
 	if w.Code != http.StatusServiceUnavailable || !errors.Is(lastHooked(), redlimit.ErrUnavailable) {
 		t.Fatalf("unavailable: %d", w.Code)
 	}
-	w = serve(httplimit.InFlight(func(string) *redlimit.InFlight { return unavailable }, hook, httplimit.FailOpen(true))(ok), "192.0.2.1:1")
-	if w.Code != http.StatusOK || w.Header().Get("X-Held") != "" || !errors.Is(lastHooked(), redlimit.ErrUnavailable) {
-		t.Fatalf("fail open: %d, held %q", w.Code, w.Header().Get("X-Held"))
+	w = serve(httplimit.InFlight(func(string) *redlimit.InFlight { return unavailable }, hook, httplimit.WithFailOpen())(ok), "192.0.2.1:1")
+	if w.Code != http.StatusOK || w.Header().Get("X-Held") != "" || w.Header().Get("X-Reason") != "fail-open" || !errors.Is(lastHooked(), redlimit.ErrUnavailable) {
+		t.Fatalf("fail open: %d, held %q, reason %q", w.Code, w.Header().Get("X-Held"), w.Header().Get("X-Reason"))
 	}
 	w = serve(httplimit.InFlight(func(string) *redlimit.InFlight { return unavailable }, hook)(ok), "not an address")
 	if w.Code != http.StatusBadRequest || !errors.Is(lastHooked(), httplimit.ErrNoKey) {

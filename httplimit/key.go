@@ -8,6 +8,22 @@ import (
 	"strings"
 )
 
+// KeyFunc names the client a request counts against: the limiter used is
+// limiterFor(redlimit.KeyPart(key)). An error rejects the request with 400
+// Bad Request, even with WithFailOpen: the key comes from the request, and
+// failing open would let a client skip the limit by leaving out what the key
+// is made of.
+//
+// The key is the client's text (a header, a claim), so the middleware
+// escapes it with redlimit.KeyPart before limiterFor sees it, whatever the
+// KeyFunc: no brace, '%', space or control byte, no byte above 0x7f, at most
+// redlimit.MaxKeyPart bytes. A client can then neither fail the request (a
+// '{' of its own would make an invalid name: a 500 for every such request),
+// nor choose the hash tag, and so the Redis Cluster slot, of its limiter,
+// nor make a key as long as its header. Keys as ClientIP makes them, and
+// ordinary ones ("alice@example.com"), pass unchanged.
+type KeyFunc func(r *http.Request) (string, error)
+
 // ClientIP keys a request by its client's IP address: an IPv4 address, or
 // an IPv6 address's /64 network ("2001:db8:1:2::/64"). A /64 is what an ISP
 // gives one subscriber, and any address in it is the subscriber's to use:

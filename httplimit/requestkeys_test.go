@@ -81,7 +81,7 @@ func keysUnder(t *testing.T, rdb redis.UniversalClient, prefix string) []string 
 
 // TestKeysFromRequests: a header value is a key like any other, whatever
 // it holds. Each of the hostile ones above is limited as any user is (200,
-// 200, then 429 at the limit of 2), never a 500 nor an ErrorHook call; its
+// 200, then 429 at the limit of 2), never a 500 nor an error hook call; its
 // limiter's key in Redis is the prefix's hash tag around "user:" and the
 // escaped value, so no client picks the Cluster slot its limit lives in nor
 // makes a key longer than the bound; and no two values share a limit.
@@ -97,8 +97,8 @@ func TestKeysFromRequests(t *testing.T) {
 			given = append(given, key)
 			// As the README writes it: the key part is the middleware's to make safe.
 			return client.FixedWindow("user:" + key).WithDefault(redlimit.PerMinute(2))
-		}, httplimit.PolicyName("per-user"), httplimit.Header("X-User"),
-			httplimit.ErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) }),
+		}, httplimit.WithPolicy("per-user"), httplimit.WithKey(httplimit.Header("X-User")),
+			httplimit.WithErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) }),
 		)(http.NotFoundHandler())
 
 		const policy = `"per-user";q=2;w=60`
@@ -127,7 +127,7 @@ func TestKeysFromRequests(t *testing.T) {
 			wantKeys = append(wantKeys, prefix+"{user:"+hostile.key+"}")
 		}
 		if len(hooked) > 0 {
-			t.Errorf("ErrorHook told %v", hooked)
+			t.Errorf("error hook told %v", hooked)
 		}
 		if !slices.Equal(given, wantGiven) {
 			t.Errorf("limiterFor given %.200q\nwant %.200q", given, wantGiven)
@@ -154,7 +154,7 @@ func TestInFlightKeysFromRequests(t *testing.T) {
 		l := client.InFlight("exports:" + key).WithDefault(redlimit.InFlightConfig{Limit: 1, TTL: time.Minute})
 		names = append(names, l.Name())
 		return l
-	}, httplimit.Header("X-User"), httplimit.ErrorHook(func(*http.Request, error) { hooked = true }))(http.NotFoundHandler())
+	}, httplimit.WithKey(httplimit.Header("X-User")), httplimit.WithErrorHook(func(*http.Request, error) { hooked = true }))(http.NotFoundHandler())
 	for _, user := range []string{"a{b", "{x}"} {
 		req := httptest.NewRequest("GET", "/", nil)
 		req.Header.Set("X-User", user)

@@ -15,17 +15,21 @@ import (
 
 // A limiter in shadow mode lets every request through to the handler, which
 // sees what enforcing would have answered; the rate-limit fields are sent
-// only with ShadowHeaders, and never Retry-After.
+// only with WithShadowHeaders, and never Retry-After.
 func TestShadowMode(t *testing.T) {
 	for _, headers := range []bool{false, true} {
 		rdb := redistest.Miniredis(t)
 		client := redlimit.New(rdb, redlimit.WithClock(func() time.Time { return redistest.WindowStart }))
 		var reasons []redlimit.Reason
+		opts := []httplimit.Option{httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			t.Error("a shadow limiter denied a request")
+		}))}
+		if headers {
+			opts = append(opts, httplimit.WithShadowHeaders())
+		}
 		handler := httplimit.New(func(key string) *redlimit.Limiter {
 			return client.Funnel("shadow:" + key).WithDefault(redlimit.Config{Rate: 1, Interval: time.Second, Burst: 2}).WithShadow()
-		}, httplimit.ShadowHeaders(headers), httplimit.DeniedHandler(func(w http.ResponseWriter, r *http.Request) {
-			t.Error("a shadow limiter denied a request")
-		}))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		}, opts...)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			d, _ := httplimit.FromContext(r.Context())
 			reasons = append(reasons, d.Result.Reason)
 		}))

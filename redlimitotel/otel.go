@@ -27,11 +27,18 @@ const ScopeName = "github.com/redlimit/redlimit/redlimitotel"
 // The instruments and their attributes.
 const (
 	DecisionsName = "redlimit.decisions"         // counter, {decision}
-	DurationName  = "redlimit.decision.duration" // histogram, seconds: the round trip to Redis
+	DurationName  = "redlimit.decision.duration" // histogram, seconds: a round trip to Redis, or a local decision (see ReasonKey)
 
 	LimiterKey   = attribute.Key("redlimit.limiter")   // the limiter's name without its key (see LimiterBase)
 	AlgorithmKey = attribute.Key("redlimit.algorithm") // tokenbucket, funnel, fixed_window, sliding_window, inflight
 	OutcomeKey   = attribute.Key("redlimit.outcome")   // allowed, denied, error, or shadow_denied: granted in shadow mode, denied by the limit
+	// ReasonKey is what decided (redlimit.Reason's String): limit (Redis; also
+	// an error's, unless granted open), shadow (shadow mode granted what the
+	// limit denied), fail-open (granted while Redis could not decide: outcome
+	// error), both after a round trip or its attempt; lease (the handle's
+	// leased block) and cache (a denial cached by WithLocalCache), both
+	// local, without one.
+	ReasonKey = attribute.Key("redlimit.reason")
 )
 
 // durationBounds suit a Redis round trip, from 100µs to a second; the SDK's
@@ -102,16 +109,18 @@ func LimiterBase(name string) string {
 // Observer returns a function for redlimit.WithObserver that counts every
 // decision (DecisionsName) and records its latency (DurationName), both by
 // limiter (LimiterBase of its name, unless WithLimiterName or
-// WithFullLimiterName), algorithm and outcome: a few time series however
-// many clients have a limiter of their own. A nil provider is the global
-// one (otel.GetMeterProvider).
+// WithFullLimiterName), algorithm, outcome and reason: a few time series
+// however many clients have a limiter of their own. The reason tells the
+// decisions that waited for Redis from those a lease or the local cache made
+// in microseconds, which would otherwise blur the latency of both. A nil
+// provider is the global one (otel.GetMeterProvider).
 func Observer(provider metric.MeterProvider, opts ...Option) (func(redlimit.Decision), error) {
 	meter, cfg := meterOf(provider, opts)
 	decisions, err1 := meter.Int64Counter(DecisionsName,
 		metric.WithDescription("Rate-limit decisions made by redlimit."),
 		metric.WithUnit("{decision}"))
 	duration, err2 := meter.Float64Histogram(DurationName,
-		metric.WithDescription("Duration of redlimit decisions, one round trip to Redis each."),
+		metric.WithDescription("Duration of redlimit decisions: a round trip to Redis, or its attempt, for reasons limit, shadow and fail-open; local, without one, for lease and cache."),
 		metric.WithUnit("s"),
 		metric.WithExplicitBucketBoundaries(durationBounds...))
 	if err := errors.Join(err1, err2); err != nil {
@@ -131,6 +140,7 @@ func Observer(provider metric.MeterProvider, opts ...Option) (func(redlimit.Deci
 			LimiterKey.String(cfg.limiterName(d.Limiter)),
 			AlgorithmKey.String(d.Algorithm),
 			OutcomeKey.String(outcome),
+			ReasonKey.String(d.Result.Reason.String()),
 		)
 		// The observer has no context of its own: the decision is over.
 		ctx := context.Background()

@@ -25,8 +25,28 @@ func series(set attribute.Set) string {
 	return get(redlimitotel.LimiterKey) + "/" + get(redlimitotel.AlgorithmKey) + "/" + get(redlimitotel.OutcomeKey)
 }
 
+// durationDescription says which durations are round trips to Redis.
+const durationDescription = "Duration of redlimit decisions: a round trip to Redis, or its attempt, for reasons limit, shadow and fail-open; local, without one, for lease and cache."
+
+// decisionSeries names a series of the decision instruments: series and
+// its reason, limiter/algorithm/outcome/reason. It reports an attribute set
+// with anything else, or without one of the four.
+func decisionSeries(t *testing.T, set attribute.Set) string {
+	t.Helper()
+	for _, k := range []attribute.Key{redlimitotel.LimiterKey, redlimitotel.AlgorithmKey, redlimitotel.OutcomeKey, redlimitotel.ReasonKey} {
+		if !set.HasValue(k) {
+			t.Errorf("attributes %v: no %s", set.ToSlice(), k)
+		}
+	}
+	if set.Len() != 4 {
+		t.Errorf("attributes %v: want limiter, algorithm, outcome and reason only", set.ToSlice())
+	}
+	reason, _ := set.Value(redlimitotel.ReasonKey)
+	return series(set) + "/" + reason.AsString()
+}
+
 // collect reads what the SDK aggregated: the counter's value and the
-// histogram's data point per series.
+// histogram's data point per series (decisionSeries).
 func collect(t *testing.T, reader sdkmetric.Reader) (map[string]int64, map[string]metricdata.HistogramDataPoint[float64]) {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
@@ -46,14 +66,14 @@ func collect(t *testing.T, reader sdkmetric.Reader) (map[string]int64, map[strin
 					t.Errorf("counter %q unit %q monotonic %v", m.Name, m.Unit, data.IsMonotonic)
 				}
 				for _, dp := range data.DataPoints {
-					counts[series(dp.Attributes)] = dp.Value
+					counts[decisionSeries(t, dp.Attributes)] = dp.Value
 				}
 			case metricdata.Histogram[float64]:
-				if m.Name != redlimitotel.DurationName || m.Unit != "s" {
-					t.Errorf("histogram %q unit %q", m.Name, m.Unit)
+				if m.Name != redlimitotel.DurationName || m.Unit != "s" || m.Description != durationDescription {
+					t.Errorf("histogram %q unit %q description %q", m.Name, m.Unit, m.Description)
 				}
 				for _, dp := range data.DataPoints {
-					histograms[series(dp.Attributes)] = dp
+					histograms[decisionSeries(t, dp.Attributes)] = dp
 				}
 			default:
 				t.Errorf("unexpected metric %q: %T", m.Name, m.Data)
@@ -91,10 +111,10 @@ func TestDecisionsOnRedis(t *testing.T) {
 
 	counts, histograms := collect(t, reader)
 	want := map[string]int64{
-		"app:{login}/fixed_window/allowed": 2,
-		"app:{login}/fixed_window/denied":  3,
-		"app:{unset}/tokenbucket/error":    1,
-		"app:{cell}/funnel/allowed":        1,
+		"app:{login}/fixed_window/allowed/limit": 2,
+		"app:{login}/fixed_window/denied/limit":  3,
+		"app:{unset}/tokenbucket/error/limit":    1,
+		"app:{cell}/funnel/allowed/limit":        1,
 	}
 	if !maps.Equal(counts, want) {
 		t.Errorf("decisions %v, want %v", counts, want)
@@ -122,10 +142,10 @@ func TestDurations(t *testing.T) {
 	}
 
 	counts, histograms := collect(t, reader)
-	if want := map[string]int64{"api/sliding_window/allowed": 4}; !maps.Equal(counts, want) {
+	if want := map[string]int64{"api/sliding_window/allowed/limit": 4}; !maps.Equal(counts, want) {
 		t.Errorf("decisions %v, want %v", counts, want)
 	}
-	h := histograms["api/sliding_window/allowed"]
+	h := histograms["api/sliding_window/allowed/limit"]
 	wantBounds := []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
 	// ≤100µs, ≤250µs, ≤500µs … and one past the last bound.
 	wantCounts := []uint64{1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}
@@ -172,13 +192,13 @@ func TestBoundedByDefault(t *testing.T) {
 		}
 		counts, histograms := collect(t, reader)
 		if !full {
-			want := map[string]int64{"full-false:{api}/fixed_window/allowed": 250, "full-false:{api}/fixed_window/denied": 250}
+			want := map[string]int64{"full-false:{api}/fixed_window/allowed/limit": 250, "full-false:{api}/fixed_window/denied/limit": 250}
 			if !maps.Equal(counts, want) || len(histograms) != 2 {
 				t.Errorf("decisions %v, %d histograms; want %v", counts, len(histograms), want)
 			}
 			continue
 		}
-		if len(counts) != 2*len(ips) || len(histograms) != 2*len(ips) || counts["full-true:{api:2001:db8:31::1}/fixed_window/denied"] != 1 {
+		if len(counts) != 2*len(ips) || len(histograms) != 2*len(ips) || counts["full-true:{api:2001:db8:31::1}/fixed_window/denied/limit"] != 1 {
 			t.Errorf("WithFullLimiterName: %d series of decisions, %d of durations; want %d", len(counts), len(histograms), 2*len(ips))
 		}
 	}
@@ -219,8 +239,77 @@ func TestShadowDenials(t *testing.T) {
 		}
 	}
 	counts, _ := collect(t, reader)
-	want := map[string]int64{"trial/sliding_window/allowed": 2, "trial/sliding_window/shadow_denied": 3}
+	want := map[string]int64{"trial/sliding_window/allowed/limit": 2, "trial/sliding_window/shadow_denied/shadow": 3}
 	if !maps.Equal(counts, want) {
 		t.Errorf("decisions %v, want %v", counts, want)
+	}
+}
+
+// TestReasons: every decision carries what made it, so that the durations
+// of those that waited for Redis (limit, shadow, fail-open) are told from
+// those made locally (lease, cache), and each series has exactly the four
+// attributes (decisionSeries).
+func TestReasons(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	observe, err := redlimitotel.Observer(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	now := time.Unix(1_800_000_000, 0) // fixed: the lease's blocks and the cached denial outlive the test
+	client := redlimit.New(rdb, redlimit.WithObserver(observe), redlimit.WithClock(func() time.Time { return now }), redlimit.WithLocalCache())
+
+	allow := func(l *redlimit.Limiter, want redlimit.Reason) {
+		t.Helper()
+		r, err := l.Allow(ctx, 1)
+		if err != nil || r.Reason != want {
+			t.Fatalf("%s: %+v %v, want reason %v", l.Name(), r, err, want)
+		}
+	}
+	// Redis grants, then denies; the next denial is the cached one's.
+	plain := client.FixedWindow("plain").WithDefault(redlimit.PerMinute(1))
+	allow(plain, redlimit.ReasonLimit)
+	allow(plain, redlimit.ReasonLimit)
+	allow(plain, redlimit.ReasonCache)
+	// A leased handle takes a block of 1, then one of 10 (a tenth of the
+	// rate), each a round trip; then it grants from the block.
+	leased := client.FixedWindow("leased").WithDefault(redlimit.PerMinute(100)).WithLease(redlimit.Lease{Time: time.Second})
+	allow(leased, redlimit.ReasonLimit)
+	allow(leased, redlimit.ReasonLimit)
+	allow(leased, redlimit.ReasonLease)
+	allow(leased, redlimit.ReasonLease)
+	// Shadow mode: a grant the limit made, then one it would have denied.
+	trial := client.SlidingWindow("trial").WithDefault(redlimit.PerMinute(1)).WithShadow()
+	allow(trial, redlimit.ReasonLimit)
+	allow(trial, redlimit.ReasonShadow)
+	// A Client failing open grants what a Redis that is down cannot decide.
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = down.Close() })
+	open := redlimit.New(down, redlimit.WithObserver(observe), redlimit.WithFailOpen())
+	allow(open.FixedWindow("open").WithDefault(redlimit.PerMinute(1)), redlimit.ReasonFailOpen)
+
+	counts, histograms := collect(t, reader)
+	want := map[string]int64{
+		"plain/fixed_window/allowed/limit":          1,
+		"plain/fixed_window/denied/limit":           1,
+		"plain/fixed_window/denied/cache":           1,
+		"leased/fixed_window/allowed/limit":         2,
+		"leased/fixed_window/allowed/lease":         2,
+		"trial/sliding_window/allowed/limit":        1,
+		"trial/sliding_window/shadow_denied/shadow": 1,
+		"open/fixed_window/error/fail-open":         1,
+	}
+	if !maps.Equal(counts, want) {
+		t.Errorf("decisions %v\nwant %v", counts, want)
+	}
+	for name, n := range want {
+		if h := histograms[name]; h.Count != uint64(n) {
+			t.Errorf("%s: %d durations recorded, want %d", name, h.Count, n)
+		}
+	}
+	if len(histograms) != len(want) {
+		t.Errorf("%d series of durations, want %d", len(histograms), len(want))
 	}
 }

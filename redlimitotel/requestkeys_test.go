@@ -34,7 +34,7 @@ func TestKeysFromRequestsOneSeries(t *testing.T) {
 	client := redlimit.New(rdb, redlimit.WithObserver(observe), redlimit.WithPrefix("app:"))
 	handler := httplimit.New(func(key string) *redlimit.Limiter {
 		return client.FixedWindow("user:" + key).WithDefault(redlimit.PerMinute(10))
-	}, httplimit.Header("X-User"))(http.NotFoundHandler())
+	}, httplimit.WithKey(httplimit.Header("X-User")))(http.NotFoundHandler())
 
 	var users []string
 	for i := range 5 {
@@ -47,7 +47,7 @@ func TestKeysFromRequestsOneSeries(t *testing.T) {
 		handler.ServeHTTP(httptest.NewRecorder(), req)
 	}
 	counts, _ := collect(t, reader)
-	if want := map[string]int64{"app:{user}/fixed_window/allowed": int64(len(users))}; !maps.Equal(counts, want) {
+	if want := map[string]int64{"app:{user}/fixed_window/allowed/limit": int64(len(users))}; !maps.Equal(counts, want) {
 		t.Errorf("decisions %v, want %v", counts, want)
 	}
 }
@@ -73,7 +73,7 @@ func TestInvalidNamesOneSeries(t *testing.T) {
 		}
 	}
 	counts, _ := collect(t, reader)
-	if want := map[string]int64{"app/fixed_window/error": 10}; !maps.Equal(counts, want) {
+	if want := map[string]int64{"app/fixed_window/error/limit": 10}; !maps.Equal(counts, want) {
 		t.Errorf("decisions %v, want %v", counts, want)
 	}
 }
