@@ -457,7 +457,7 @@ func (l *InFlight) try(ctx context.Context, id string) (*Hold, time.Duration, er
 	}
 	failOpen := c.grantsOpen(ctx, err, false)
 	if failOpen {
-		r = Result{Allowed: true}
+		r = Result{Allowed: true, Reason: ReasonFailOpen}
 	}
 	if c.observe != nil {
 		c.observe(Decision{Limiter: l.name, Algorithm: inflightAlgorithm, Permits: 1, Result: r, Err: err, Latency: time.Since(start)})
