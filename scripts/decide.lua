@@ -58,6 +58,8 @@ local function clock(arg)
   return call_us
 end
 
+--[[@state_fields]]
+
 local MAKERS = {}
 --[[@modules]]
 

@@ -76,17 +76,6 @@ function window.commit(s, permits)
   return true
 end
 
--- release gives back a grant's permits only while its window lasts: one
--- ended has taken them with it.
-function window.release(s, permits, at)
-  if at < s.start * 1000 then
-    return 0
-  end
-  local back = math.min(permits, s.count)
-  s.count = s.count - back
-  return back
-end
-
 -- encode: a new window's first write moves the state's expiry; the others
 -- keep it.
 function window.encode(s)
@@ -102,6 +91,20 @@ function window.report(s, now)
     reset = s.ends - now
   end
   return s.rate - s.count, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+--[[@rare]]
+
+-- release gives back a grant's permits only while its window lasts: one
+-- ended has taken them with it.
+function window.release(s, permits, at)
+  if at < s.start * 1000 then
+    return 0
+  end
+  local back = math.min(permits, s.count)
+  s.count = s.count - back
+  return back
 end
 
 return window

@@ -126,26 +126,6 @@ function funnel.commit(s, permits, now)
   return true
 end
 
--- release gives back up to permits of a grant of size permits made at at
--- µs (since, when it was a funnel's): what has not drained of it,
--- at + size × emission − now, in whole emission intervals, and never more
--- than the TAT holds. Whatever came between, the TAT is then no lower than
--- without those permits.
-function funnel.release(s, permits, at, size, now)
-  local rate, pe, pr = s.rate, s.pe, s.pr
-  local back = count(s.tat - now, s.tatf, pe, pr, rate)
-  if back > permits then back = permits end
-  local w, f = times(size, pe, pr, rate)
-  w = w + at - now
-  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
-  if left < back then back = left end
-  w, f = times(back, pe, pr, rate)
-  local tat, tatf = s.tat - w, s.tatf - f
-  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
-  s.tat, s.tatf = tat, tatf
-  return back
-end
-
 -- encode returns whether the state's expiry moves (on every write), and
 -- its field: none for an empty funnel. A TAT past a full funnel is a
 -- charge's debt.
@@ -177,6 +157,29 @@ function funnel.report(s, now)
   end
   if s.tatf > 0 then reset = reset + 1 end
   return remaining, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+--[[@rare]]
+
+-- release gives back up to permits of a grant of size permits made at at
+-- µs (since, when it was a funnel's): what has not drained of it,
+-- at + size × emission − now, in whole emission intervals, and never more
+-- than the TAT holds. Whatever came between, the TAT is then no lower than
+-- without those permits.
+function funnel.release(s, permits, at, size, now)
+  local rate, pe, pr = s.rate, s.pe, s.pr
+  local back = count(s.tat - now, s.tatf, pe, pr, rate)
+  if back > permits then back = permits end
+  local w, f = times(size, pe, pr, rate)
+  w = w + at - now
+  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
+  if left < back then back = left end
+  w, f = times(back, pe, pr, rate)
+  local tat, tatf = s.tat - w, s.tatf - f
+  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
+  s.tat, s.tatf = tat, tatf
+  return back
 end
 
 return funnel

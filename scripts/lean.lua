@@ -26,15 +26,20 @@
 local commons = {}
 
 -- touched holds, by key, what a batch's common requests have made of a
--- limiter's key (its entry), in order, to be written by flush. An entry is
--- also the rate's table the module decides in (decide.lua's s), which
--- holds, besides the module's own: m, the module; hash, the key holds a
--- hash (else a flat state, or nothing: existed, whether it was there);
--- stored, the config the hash holds (rate, interval, burst, buckets,
--- keepalive, shadow); v1 and v2, the state's fields as the last decision
--- left them; dirty, they changed; px, the expiry a change moved (ms);
--- alive, a keep-alive's TTL.
+-- limiter's key (its entry), in order, to be written by flush. An entry
+-- holds: m, the module; hash, the key holds a hash (else a flat state, or
+-- nothing: existed, whether it was there); stored, the config the hash
+-- holds (rate, interval, burst, buckets, keepalive, shadow); v1 and v2, the
+-- state's fields as the last decision left them; dirty, they changed; px,
+-- the expiry a change moved (ms); alive, a keep-alive's TTL. Its fields are
+-- all named when it is made: a table that grows is rebuilt as it does.
 local touched, order = {}, {}
+
+-- scratch is, by module, the rate's table a common decision decides in
+-- (decide.lua's s): one per call, as a decision leaves nothing in it that
+-- the next needs (load sets everything from the state), and a table
+-- reused costs a fraction of one made.
+local scratch = {}
 
 -- entry reads the limiter's key, as decide.lua's read_limiter reads it:
 -- once in a batch (batched: kept in touched); default, the request's source
@@ -65,7 +70,8 @@ local function entry(m, key, default, fixed, batched)
   if flat and (string.find(flat, m.FOREIGN) or string.find(flat, ';', 1, true)) then
     return REPLY_FULL_SCRIPT -- a marker, another algorithm's, or several rates' parts
   end
-  e = { m = m, hash = f ~= nil, existed = flat ~= nil, K = '', where = key }
+  e = { m = m, hash = f ~= nil, existed = flat ~= nil, stored = false, v1 = false, v2 = false, dirty = false,
+    px = false, alive = false }
   if f and (f[H_RATE] or f[H_INTERVAL] or f[H_ALGORITHM]) then
     if f[H_TYPE] == '1' then
       return REPLY_PERCLIENT -- sent with the short key list: the client sends them all, to decide.lua
@@ -134,18 +140,6 @@ local function write(key, e)
   end
 end
 
--- flush writes every key a batch's common requests decided on, once.
-local function flush()
-  for i = 1, #order do
-    write(order[i], touched[order[i]])
-  end
-  -- Emptied in place: gopher-lua (miniredis) gives a function pcall
-  -- called stale upvalues after an error, and the tables must stay one.
-  for i = #order, 1, -1 do
-    touched[order[i]], order[i] = nil, nil
-  end
-end
-
 -- common decides the request whose keys are KEYS[k + 1 ..] and arguments
 -- ARGV[a + 1 .. a + na], by the module m, at now (µs), and returns its
 -- reply and its key's entry (batched: kept, for flush to write; else the
@@ -179,9 +173,13 @@ local function common(m, k, a, na, now, batched)
     rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
   end
 
-  -- Decide, as decide.lua does for one rate, in memory: in the entry.
-  local s = e
-  s.rate, s.interval, s.burst, s.buckets = rate, interval, burst, buckets
+  -- Decide, as decide.lua does for one rate, in memory.
+  local s = scratch[m]
+  if not s then
+    s = { K = '' }
+    scratch[m] = s
+  end
+  s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
   m.load(s, e.v1 or nil, e.v2 or nil, now)
   local permits, capacity = ARGV[a + A_PERMITS] + 0, m.capacity(s)
   local allowed, retry = 0, 0
@@ -219,3 +217,18 @@ local function common(m, k, a, na, now, batched)
   return reply_full(e.hash and REPLY_HASH or REPLY_FULL, allowed, capacity, remaining, retry, reset, window, shadow, 0, nil), e
 end
 --[[@lean_call]]
+
+-- flush writes every key a batch's common requests decided on, once. It
+-- comes after the lean script's call, which returns before it: a function
+-- is made each time the chunk reaches it, and the lean script has no batch.
+local function flush()
+  for i = 1, #order do
+    write(order[i], touched[order[i]])
+  end
+  -- Emptied in place: gopher-lua (miniredis) gives a function pcall
+  -- called stale upvalues after an error, and the tables must stay one.
+  for i = #order, 1, -1 do
+    touched[order[i]], order[i] = nil, nil
+  end
+end
+

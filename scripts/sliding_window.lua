@@ -118,30 +118,6 @@ function sliding.commit(s, permits)
   return true
 end
 
--- release gives back a grant's permits from its own sub-window only, while
--- it still counts: a newer one's count would outlive them. Those it empties
--- go, so the state may expire sooner.
-function sliding.release(s, permits, at)
-  local live = s.live
-  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
-  of = of - of % 1
-  local back = 0
-  for i = #live - 2, 1, -3 do
-    if live[i] == of then
-      back = math.min(permits, live[i + 1])
-      live[i + 1] = live[i + 1] - back
-      break
-    end
-  end
-  while #live > 0 and live[#live - 1] == 0 do
-    table.remove(live)
-    table.remove(live)
-    table.remove(live)
-  end
-  s.total, s.moved = s.total - back, true
-  return back
-end
-
 -- encode writes the sub-windows that still count, as the field keeps them;
 -- none, and the field goes. Numbers below 10^14 concatenate exactly (Redis
 -- formats them with %.14g): starts in ms and their gaps do; a count may not.
@@ -167,6 +143,33 @@ function sliding.report(s, now)
     reset = (leaves + (-leaves) % 1) * 1000 - now
   end
   return s.rate - s.total, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+--[[@rare]]
+
+-- release gives back a grant's permits from its own sub-window only, while
+-- it still counts: a newer one's count would outlive them. Those it empties
+-- go, so the state may expire sooner.
+function sliding.release(s, permits, at)
+  local live = s.live
+  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
+  of = of - of % 1
+  local back = 0
+  for i = #live - 2, 1, -3 do
+    if live[i] == of then
+      back = math.min(permits, live[i + 1])
+      live[i + 1] = live[i + 1] - back
+      break
+    end
+  end
+  while #live > 0 and live[#live - 1] == 0 do
+    table.remove(live)
+    table.remove(live)
+    table.remove(live)
+  end
+  s.total, s.moved = s.total - back, true
+  return back
 end
 
 return sliding

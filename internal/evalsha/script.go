@@ -57,17 +57,28 @@ func Assemble(files fs.FS) Scripts {
 	// functions it uses.
 	// module is an algorithm's module: its file's table, with what the
 	// decision script knows of it.
-	module := func(a *wire.Algorithm) string {
-		return fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", strings.TrimRight(read(a.Name+".lua"), "\n"), wire.LuaModuleInfo(a))
+	// A module's functions after its marker --[[@rare]] (a reservation's
+	// release…) are left out of the lean script, which never calls them: a
+	// function costs each call of a script that makes it.
+	module := func(a *wire.Algorithm, lean bool) string {
+		src := strings.TrimRight(read(a.Name+".lua"), "\n")
+		common, rare, ok := strings.Cut(src, rareMarker)
+		if ok && lean {
+			src = common + src[strings.LastIndex(src, "\nreturn "):]
+		} else if ok {
+			src = common + rare
+		}
+		return fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", src, wire.LuaModuleInfo(a))
 	}
 	var modules strings.Builder
 	for _, a := range wire.Algorithms {
-		fmt.Fprintf(&modules, "MAKERS[%q] = function()\n%sreturn m\nend\n", a.Name, module(a))
+		fmt.Fprintf(&modules, "MAKERS[%q] = function()\n%sreturn m\nend\n", a.Name, module(a, false))
 	}
 	lean := read("lean.lua")
 	header := wire.LuaHeader()
 	decide := paste(read("decide.lua"), map[string]string{
-		"modules": modules.String(),
+		"state_fields": wire.LuaStateFields(),
+		"modules":      modules.String(),
 		"common":  paste(lean, map[string]string{"lean_prelude": "", "lean_call": ""}),
 	})
 	scripts := Scripts{
@@ -81,7 +92,7 @@ func Assemble(files fs.FS) Scripts {
 			continue
 		}
 		scripts.Lean[a.Name] = New("lean_"+a.Name, Banner+header+inline(paste(lean, map[string]string{
-			"lean_prelude": leanPrelude + module(a),
+			"lean_prelude": leanPrelude + module(a, true),
 			"lean_call":    leanCall,
 		})))
 	}
@@ -103,18 +114,24 @@ local function corrupt(key, what)
 end
 
 `
-	leanCall = `local now = ARGV[REQUEST_HEAD + A_NOW]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = now + 0
+	leanCall = `do
+  local now = ARGV[REQUEST_HEAD + A_NOW]
+  if now == '' then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  else
+    now = now + 0
+  end
+  local reply, e = common(m, 0, REQUEST_HEAD, #ARGV - REQUEST_HEAD, now, false)
+  if type(e) == 'table' then write(KEYS[1], e) end
+  return reply
 end
-local reply, e = common(m, 0, REQUEST_HEAD, #ARGV - REQUEST_HEAD, now, false)
-if type(e) == 'table' then write(KEYS[1], e) end
-return reply
 `
 )
+
+// rareMarker begins the part of an algorithm's module the lean script
+// leaves out.
+const rareMarker = "--[[@rare]]"
 
 // paste puts each of sections where src names it with a marker: a line
 // --[[@name]]. A marker without its section, or a section without its

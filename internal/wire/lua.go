@@ -82,9 +82,6 @@ func LuaHeader() string {
 		line += item
 	}
 	w("%s\n", line)
-	// A function, not a table: a table is built on every call of the
-	// script, and this list is for a rare path.
-	w("local function STATE_FIELDS() return %s end\n", strings.Join(quoted(StateFields()), ", "))
 	full := FullFields[:]
 	w("local function reply_full(kind, %s, more)\n", strings.Join(full, ", "))
 	w("  if more then\n    return string.format('%%s%s ', kind, %s) .. more\n  end\n", strings.Repeat(" %d", len(full)), strings.Join(full, ", "))
@@ -153,6 +150,13 @@ func LuaModuleInfo(a *Algorithm) string {
 		field1, field2, q(a.foreign), a.Registry(), a.Requests(), len(read)-len(a.Fields)+1)
 	w("m.read = function(key) return redis.pcall('HMGET', key, %s) end\n", strings.Join(quoted(read), ", "))
 	return b.String()
+}
+
+// LuaStateFields is the decision script's list of every algorithm's state
+// fields: a function, not a table, as a table is built on every call of
+// the script, and this list is for a rare path.
+func LuaStateFields() string {
+	return fmt.Sprintf("local function STATE_FIELDS() return %s end\n", strings.Join(quoted(StateFields()), ", "))
 }
 
 // InFlightHeader declares the in-flight script's contract.

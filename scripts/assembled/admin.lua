@@ -13,7 +13,6 @@
 -- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
 -- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
 -- E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
-local function STATE_FIELDS() return 'tat', 'window', 'count', 'counts' end
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
@@ -700,26 +699,6 @@ function funnel.commit(s, permits, now)
   return true
 end
 
--- release gives back up to permits of a grant of size permits made at at
--- µs (since, when it was a funnel's): what has not drained of it,
--- at + size × emission − now, in whole emission intervals, and never more
--- than the TAT holds. Whatever came between, the TAT is then no lower than
--- without those permits.
-function funnel.release(s, permits, at, size, now)
-  local rate, pe, pr = s.rate, s.pe, s.pr
-  local back = count(s.tat - now, s.tatf, pe, pr, rate)
-  if back > permits then back = permits end
-  local w, f = times(size, pe, pr, rate)
-  w = w + at - now
-  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
-  if left < back then back = left end
-  w, f = times(back, pe, pr, rate)
-  local tat, tatf = s.tat - w, s.tatf - f
-  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
-  s.tat, s.tatf = tat, tatf
-  return back
-end
-
 -- encode returns whether the state's expiry moves (on every write), and
 -- its field: none for an empty funnel. A TAT past a full funnel is a
 -- charge's debt.
@@ -751,6 +730,29 @@ function funnel.report(s, now)
   end
   if s.tatf > 0 then reset = reset + 1 end
   return remaining, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+
+-- release gives back up to permits of a grant of size permits made at at
+-- µs (since, when it was a funnel's): what has not drained of it,
+-- at + size × emission − now, in whole emission intervals, and never more
+-- than the TAT holds. Whatever came between, the TAT is then no lower than
+-- without those permits.
+function funnel.release(s, permits, at, size, now)
+  local rate, pe, pr = s.rate, s.pe, s.pr
+  local back = count(s.tat - now, s.tatf, pe, pr, rate)
+  if back > permits then back = permits end
+  local w, f = times(size, pe, pr, rate)
+  w = w + at - now
+  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
+  if left < back then back = left end
+  w, f = times(back, pe, pr, rate)
+  local tat, tatf = s.tat - w, s.tatf - f
+  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
+  s.tat, s.tatf = tat, tatf
+  return back
 end
 
 return funnel
@@ -840,17 +842,6 @@ function window.commit(s, permits)
   return true
 end
 
--- release gives back a grant's permits only while its window lasts: one
--- ended has taken them with it.
-function window.release(s, permits, at)
-  if at < s.start * 1000 then
-    return 0
-  end
-  local back = math.min(permits, s.count)
-  s.count = s.count - back
-  return back
-end
-
 -- encode: a new window's first write moves the state's expiry; the others
 -- keep it.
 function window.encode(s)
@@ -866,6 +857,20 @@ function window.report(s, now)
     reset = s.ends - now
   end
   return s.rate - s.count, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+
+-- release gives back a grant's permits only while its window lasts: one
+-- ended has taken them with it.
+function window.release(s, permits, at)
+  if at < s.start * 1000 then
+    return 0
+  end
+  local back = math.min(permits, s.count)
+  s.count = s.count - back
+  return back
 end
 
 return window
@@ -997,30 +1002,6 @@ function sliding.commit(s, permits)
   return true
 end
 
--- release gives back a grant's permits from its own sub-window only, while
--- it still counts: a newer one's count would outlive them. Those it empties
--- go, so the state may expire sooner.
-function sliding.release(s, permits, at)
-  local live = s.live
-  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
-  of = of - of % 1
-  local back = 0
-  for i = #live - 2, 1, -3 do
-    if live[i] == of then
-      back = math.min(permits, live[i + 1])
-      live[i + 1] = live[i + 1] - back
-      break
-    end
-  end
-  while #live > 0 and live[#live - 1] == 0 do
-    table.remove(live)
-    table.remove(live)
-    table.remove(live)
-  end
-  s.total, s.moved = s.total - back, true
-  return back
-end
-
 -- encode writes the sub-windows that still count, as the field keeps them;
 -- none, and the field goes. Numbers below 10^14 concatenate exactly (Redis
 -- formats them with %.14g): starts in ms and their gaps do; a count may not.
@@ -1046,6 +1027,33 @@ function sliding.report(s, now)
     reset = (leaves + (-leaves) % 1) * 1000 - now
   end
   return s.rate - s.total, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+
+-- release gives back a grant's permits from its own sub-window only, while
+-- it still counts: a newer one's count would outlive them. Those it empties
+-- go, so the state may expire sooner.
+function sliding.release(s, permits, at)
+  local live = s.live
+  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
+  of = of - of % 1
+  local back = 0
+  for i = #live - 2, 1, -3 do
+    if live[i] == of then
+      back = math.min(permits, live[i + 1])
+      live[i + 1] = live[i + 1] - back
+      break
+    end
+  end
+  while #live > 0 and live[#live - 1] == 0 do
+    table.remove(live)
+    table.remove(live)
+    table.remove(live)
+  end
+  s.total, s.moved = s.total - back, true
+  return back
 end
 
 return sliding

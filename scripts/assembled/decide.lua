@@ -13,7 +13,6 @@
 -- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
 -- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
 -- E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
-local function STATE_FIELDS() return 'tat', 'window', 'count', 'counts' end
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
@@ -85,6 +84,8 @@ local function clock(arg)
   end
   return call_us
 end
+
+local function STATE_FIELDS() return 'tat', 'window', 'count', 'counts' end
 
 local MAKERS = {}
 MAKERS["tokenbucket"] = function()
@@ -728,26 +729,6 @@ function funnel.commit(s, permits, now)
   return true
 end
 
--- release gives back up to permits of a grant of size permits made at at
--- µs (since, when it was a funnel's): what has not drained of it,
--- at + size × emission − now, in whole emission intervals, and never more
--- than the TAT holds. Whatever came between, the TAT is then no lower than
--- without those permits.
-function funnel.release(s, permits, at, size, now)
-  local rate, pe, pr = s.rate, s.pe, s.pr
-  local back = count(s.tat - now, s.tatf, pe, pr, rate)
-  if back > permits then back = permits end
-  local w, f = times(size, pe, pr, rate)
-  w = w + at - now
-  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
-  if left < back then back = left end
-  w, f = times(back, pe, pr, rate)
-  local tat, tatf = s.tat - w, s.tatf - f
-  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
-  s.tat, s.tatf = tat, tatf
-  return back
-end
-
 -- encode returns whether the state's expiry moves (on every write), and
 -- its field: none for an empty funnel. A TAT past a full funnel is a
 -- charge's debt.
@@ -779,6 +760,29 @@ function funnel.report(s, now)
   end
   if s.tatf > 0 then reset = reset + 1 end
   return remaining, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+
+-- release gives back up to permits of a grant of size permits made at at
+-- µs (since, when it was a funnel's): what has not drained of it,
+-- at + size × emission − now, in whole emission intervals, and never more
+-- than the TAT holds. Whatever came between, the TAT is then no lower than
+-- without those permits.
+function funnel.release(s, permits, at, size, now)
+  local rate, pe, pr = s.rate, s.pe, s.pr
+  local back = count(s.tat - now, s.tatf, pe, pr, rate)
+  if back > permits then back = permits end
+  local w, f = times(size, pe, pr, rate)
+  w = w + at - now
+  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
+  if left < back then back = left end
+  w, f = times(back, pe, pr, rate)
+  local tat, tatf = s.tat - w, s.tatf - f
+  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
+  s.tat, s.tatf = tat, tatf
+  return back
 end
 
 return funnel
@@ -868,17 +872,6 @@ function window.commit(s, permits)
   return true
 end
 
--- release gives back a grant's permits only while its window lasts: one
--- ended has taken them with it.
-function window.release(s, permits, at)
-  if at < s.start * 1000 then
-    return 0
-  end
-  local back = math.min(permits, s.count)
-  s.count = s.count - back
-  return back
-end
-
 -- encode: a new window's first write moves the state's expiry; the others
 -- keep it.
 function window.encode(s)
@@ -894,6 +887,20 @@ function window.report(s, now)
     reset = s.ends - now
   end
   return s.rate - s.count, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+
+-- release gives back a grant's permits only while its window lasts: one
+-- ended has taken them with it.
+function window.release(s, permits, at)
+  if at < s.start * 1000 then
+    return 0
+  end
+  local back = math.min(permits, s.count)
+  s.count = s.count - back
+  return back
 end
 
 return window
@@ -1025,30 +1032,6 @@ function sliding.commit(s, permits)
   return true
 end
 
--- release gives back a grant's permits from its own sub-window only, while
--- it still counts: a newer one's count would outlive them. Those it empties
--- go, so the state may expire sooner.
-function sliding.release(s, permits, at)
-  local live = s.live
-  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
-  of = of - of % 1
-  local back = 0
-  for i = #live - 2, 1, -3 do
-    if live[i] == of then
-      back = math.min(permits, live[i + 1])
-      live[i + 1] = live[i + 1] - back
-      break
-    end
-  end
-  while #live > 0 and live[#live - 1] == 0 do
-    table.remove(live)
-    table.remove(live)
-    table.remove(live)
-  end
-  s.total, s.moved = s.total - back, true
-  return back
-end
-
 -- encode writes the sub-windows that still count, as the field keeps them;
 -- none, and the field goes. Numbers below 10^14 concatenate exactly (Redis
 -- formats them with %.14g): starts in ms and their gaps do; a count may not.
@@ -1074,6 +1057,33 @@ function sliding.report(s, now)
     reset = (leaves + (-leaves) % 1) * 1000 - now
   end
   return s.rate - s.total, reset
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+
+-- release gives back a grant's permits from its own sub-window only, while
+-- it still counts: a newer one's count would outlive them. Those it empties
+-- go, so the state may expire sooner.
+function sliding.release(s, permits, at)
+  local live = s.live
+  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
+  of = of - of % 1
+  local back = 0
+  for i = #live - 2, 1, -3 do
+    if live[i] == of then
+      back = math.min(permits, live[i + 1])
+      live[i + 1] = live[i + 1] - back
+      break
+    end
+  end
+  while #live > 0 and live[#live - 1] == 0 do
+    table.remove(live)
+    table.remove(live)
+    table.remove(live)
+  end
+  s.total, s.moved = s.total - back, true
+  return back
 end
 
 return sliding
@@ -1112,15 +1122,20 @@ end
 local commons = {}
 
 -- touched holds, by key, what a batch's common requests have made of a
--- limiter's key (its entry), in order, to be written by flush. An entry is
--- also the rate's table the module decides in (decide.lua's s), which
--- holds, besides the module's own: m, the module; hash, the key holds a
--- hash (else a flat state, or nothing: existed, whether it was there);
--- stored, the config the hash holds (rate, interval, burst, buckets,
--- keepalive, shadow); v1 and v2, the state's fields as the last decision
--- left them; dirty, they changed; px, the expiry a change moved (ms);
--- alive, a keep-alive's TTL.
+-- limiter's key (its entry), in order, to be written by flush. An entry
+-- holds: m, the module; hash, the key holds a hash (else a flat state, or
+-- nothing: existed, whether it was there); stored, the config the hash
+-- holds (rate, interval, burst, buckets, keepalive, shadow); v1 and v2, the
+-- state's fields as the last decision left them; dirty, they changed; px,
+-- the expiry a change moved (ms); alive, a keep-alive's TTL. Its fields are
+-- all named when it is made: a table that grows is rebuilt as it does.
 local touched, order = {}, {}
+
+-- scratch is, by module, the rate's table a common decision decides in
+-- (decide.lua's s): one per call, as a decision leaves nothing in it that
+-- the next needs (load sets everything from the state), and a table
+-- reused costs a fraction of one made.
+local scratch = {}
 
 -- entry reads the limiter's key, as decide.lua's read_limiter reads it:
 -- once in a batch (batched: kept in touched); default, the request's source
@@ -1151,7 +1166,8 @@ local function entry(m, key, default, fixed, batched)
   if flat and (string.find(flat, m.FOREIGN) or string.find(flat, ';', 1, true)) then
     return 'full' -- a marker, another algorithm's, or several rates' parts
   end
-  e = { m = m, hash = f ~= nil, existed = flat ~= nil, K = '', where = key }
+  e = { m = m, hash = f ~= nil, existed = flat ~= nil, stored = false, v1 = false, v2 = false, dirty = false,
+    px = false, alive = false }
   if f and (f[1] or f[2] or f[5]) then
     if f[3] == '1' then
       return 'perclient' -- sent with the short key list: the client sends them all, to decide.lua
@@ -1220,18 +1236,6 @@ local function write(key, e)
   end
 end
 
--- flush writes every key a batch's common requests decided on, once.
-local function flush()
-  for i = 1, #order do
-    write(order[i], touched[order[i]])
-  end
-  -- Emptied in place: gopher-lua (miniredis) gives a function pcall
-  -- called stale upvalues after an error, and the tables must stay one.
-  for i = #order, 1, -1 do
-    touched[order[i]], order[i] = nil, nil
-  end
-end
-
 -- common decides the request whose keys are KEYS[k + 1 ..] and arguments
 -- ARGV[a + 1 .. a + na], by the module m, at now (µs), and returns its
 -- reply and its key's entry (batched: kept, for flush to write; else the
@@ -1265,9 +1269,13 @@ local function common(m, k, a, na, now, batched)
     rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
   end
 
-  -- Decide, as decide.lua does for one rate, in memory: in the entry.
-  local s = e
-  s.rate, s.interval, s.burst, s.buckets = rate, interval, burst, buckets
+  -- Decide, as decide.lua does for one rate, in memory.
+  local s = scratch[m]
+  if not s then
+    s = { K = '' }
+    scratch[m] = s
+  end
+  s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
   m.load(s, e.v1 or nil, e.v2 or nil, now)
   local permits, capacity = ARGV[a + 2] + 0, m.capacity(s)
   local allowed, retry = 0, 0
@@ -1303,6 +1311,21 @@ local function common(m, k, a, na, now, batched)
   local window = capacity * interval / rate
   window = window + (-window) % 1
   return reply_full(e.hash and 'h' or 'f', allowed, capacity, remaining, retry, reset, window, shadow, 0, nil), e
+end
+
+
+-- flush writes every key a batch's common requests decided on, once. It
+-- comes after the lean script's call, which returns before it: a function
+-- is made each time the chunk reaches it, and the lean script has no batch.
+local function flush()
+  for i = 1, #order do
+    write(order[i], touched[order[i]])
+  end
+  -- Emptied in place: gopher-lua (miniredis) gives a function pcall
+  -- called stale upvalues after an error, and the tables must stay one.
+  for i = #order, 1, -1 do
+    touched[order[i]], order[i] = nil, nil
+  end
 end
 
 local modules = {}

@@ -13,7 +13,6 @@
 -- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
 -- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
 -- E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
-local function STATE_FIELDS() return 'tat', 'window', 'count', 'counts' end
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
@@ -186,26 +185,6 @@ function funnel.commit(s, permits, now)
   return true
 end
 
--- release gives back up to permits of a grant of size permits made at at
--- µs (since, when it was a funnel's): what has not drained of it,
--- at + size × emission − now, in whole emission intervals, and never more
--- than the TAT holds. Whatever came between, the TAT is then no lower than
--- without those permits.
-function funnel.release(s, permits, at, size, now)
-  local rate, pe, pr = s.rate, s.pe, s.pr
-  local back = count(s.tat - now, s.tatf, pe, pr, rate)
-  if back > permits then back = permits end
-  local w, f = times(size, pe, pr, rate)
-  w = w + at - now
-  local left = w >= 0 and count(w, f, pe, pr, rate) or 0
-  if left < back then back = left end
-  w, f = times(back, pe, pr, rate)
-  local tat, tatf = s.tat - w, s.tatf - f
-  if tatf < 0 then tat, tatf = tat - 1, tatf + rate end
-  s.tat, s.tatf = tat, tatf
-  return back
-end
-
 -- encode returns whether the state's expiry moves (on every write), and
 -- its field: none for an empty funnel. A TAT past a full funnel is a
 -- charge's debt.
@@ -239,6 +218,8 @@ function funnel.report(s, now)
   return remaining, reset
 end
 
+-- Beyond the common decision (the lean script leaves these out):
+
 return funnel
 end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'funnel', true, false, false, 'burst'
@@ -250,15 +231,20 @@ m.read = function(key) return redis.pcall('HMGET', key, 'rate', 'interval', 'typ
 local commons = {}
 
 -- touched holds, by key, what a batch's common requests have made of a
--- limiter's key (its entry), in order, to be written by flush. An entry is
--- also the rate's table the module decides in (decide.lua's s), which
--- holds, besides the module's own: m, the module; hash, the key holds a
--- hash (else a flat state, or nothing: existed, whether it was there);
--- stored, the config the hash holds (rate, interval, burst, buckets,
--- keepalive, shadow); v1 and v2, the state's fields as the last decision
--- left them; dirty, they changed; px, the expiry a change moved (ms);
--- alive, a keep-alive's TTL.
+-- limiter's key (its entry), in order, to be written by flush. An entry
+-- holds: m, the module; hash, the key holds a hash (else a flat state, or
+-- nothing: existed, whether it was there); stored, the config the hash
+-- holds (rate, interval, burst, buckets, keepalive, shadow); v1 and v2, the
+-- state's fields as the last decision left them; dirty, they changed; px,
+-- the expiry a change moved (ms); alive, a keep-alive's TTL. Its fields are
+-- all named when it is made: a table that grows is rebuilt as it does.
 local touched, order = {}, {}
+
+-- scratch is, by module, the rate's table a common decision decides in
+-- (decide.lua's s): one per call, as a decision leaves nothing in it that
+-- the next needs (load sets everything from the state), and a table
+-- reused costs a fraction of one made.
+local scratch = {}
 
 -- entry reads the limiter's key, as decide.lua's read_limiter reads it:
 -- once in a batch (batched: kept in touched); default, the request's source
@@ -289,7 +275,8 @@ local function entry(m, key, default, fixed, batched)
   if flat and (string.find(flat, m.FOREIGN) or string.find(flat, ';', 1, true)) then
     return 'full' -- a marker, another algorithm's, or several rates' parts
   end
-  e = { m = m, hash = f ~= nil, existed = flat ~= nil, K = '', where = key }
+  e = { m = m, hash = f ~= nil, existed = flat ~= nil, stored = false, v1 = false, v2 = false, dirty = false,
+    px = false, alive = false }
   if f and (f[1] or f[2] or f[5]) then
     if f[3] == '1' then
       return 'perclient' -- sent with the short key list: the client sends them all, to decide.lua
@@ -358,18 +345,6 @@ local function write(key, e)
   end
 end
 
--- flush writes every key a batch's common requests decided on, once.
-local function flush()
-  for i = 1, #order do
-    write(order[i], touched[order[i]])
-  end
-  -- Emptied in place: gopher-lua (miniredis) gives a function pcall
-  -- called stale upvalues after an error, and the tables must stay one.
-  for i = #order, 1, -1 do
-    touched[order[i]], order[i] = nil, nil
-  end
-end
-
 -- common decides the request whose keys are KEYS[k + 1 ..] and arguments
 -- ARGV[a + 1 .. a + na], by the module m, at now (µs), and returns its
 -- reply and its key's entry (batched: kept, for flush to write; else the
@@ -403,9 +378,13 @@ local function common(m, k, a, na, now, batched)
     rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
   end
 
-  -- Decide, as decide.lua does for one rate, in memory: in the entry.
-  local s = e
-  s.rate, s.interval, s.burst, s.buckets = rate, interval, burst, buckets
+  -- Decide, as decide.lua does for one rate, in memory.
+  local s = scratch[m]
+  if not s then
+    s = { K = '' }
+    scratch[m] = s
+  end
+  s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
   m.load(s, e.v1 or nil, e.v2 or nil, now)
   local permits, capacity = ARGV[a + 2] + 0, m.capacity(s)
   local allowed, retry = 0, 0
@@ -442,13 +421,30 @@ local function common(m, k, a, na, now, batched)
   window = window + (-window) % 1
   return reply_full(e.hash and 'h' or 'f', allowed, capacity, remaining, retry, reset, window, shadow, 0, nil), e
 end
-local now = ARGV[4 + 1]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = now + 0
+do
+  local now = ARGV[4 + 1]
+  if now == '' then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  else
+    now = now + 0
+  end
+  local reply, e = common(m, 0, 4, #ARGV - 4, now, false)
+  if type(e) == 'table' then write(KEYS[1], e) end
+  return reply
 end
-local reply, e = common(m, 0, 4, #ARGV - 4, now, false)
-if type(e) == 'table' then write(KEYS[1], e) end
-return reply
+
+-- flush writes every key a batch's common requests decided on, once. It
+-- comes after the lean script's call, which returns before it: a function
+-- is made each time the chunk reaches it, and the lean script has no batch.
+local function flush()
+  for i = 1, #order do
+    write(order[i], touched[order[i]])
+  end
+  -- Emptied in place: gopher-lua (miniredis) gives a function pcall
+  -- called stale upvalues after an error, and the tables must stay one.
+  for i = #order, 1, -1 do
+    touched[order[i]], order[i] = nil, nil
+  end
+end
+
