@@ -867,18 +867,56 @@ func TestCalendarRates(t *testing.T) {
 	})
 }
 
-// A flat state tells its algorithm by its shape, one part per rate.
-func TestFlatAlgorithm(t *testing.T) {
+// TestStringOwner: the command tells which algorithm wrote a string at a
+// limiter's key (a flat state, one part per rate, or a marker) as the
+// library does: ls lists it under the one algorithm whose handle reads it
+// without refusing it (ErrNotInitialized: a string, no config), and lists
+// nothing when every handle refuses it; get agrees. The command used to
+// read flat states with patterns of its own, which took "1,2,3", ";",
+// "1 2;3" and "1:2;3" for no algorithm's where the scripts see a funnel's,
+// a fixed window's and a sliding window's (corrupt ones, which a decision
+// then refuses), and "funnel:1893456000000000" for a funnel's, which the
+// scripts refuse outright.
+func TestStringOwner(t *testing.T) {
+	ctx := context.Background()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := server{[]string{"--redis", "redis://" + m.Addr()}, rdb, false}
 	for value, want := range map[string]string{
 		"1700000000000000": "funnel", "1700000000000000;1700000000600000": "funnel", ";1700000000600000": "funnel",
-		"1700000000000000,2": "funnel", "1700000000000000,2;1700000000600000": "funnel", "1,2,3": "",
-		"1700000000000000,0,1": "funnel", "1700000000000000,2,1;1700000000600000": "funnel", "1,2,1,1": "", // a charge's debt
+		"1700000000000000,2": "funnel", "1700000000000000,2;1700000000600000": "funnel", "1,2,3": "funnel",
+		"1700000000000000,0,1": "funnel", "1700000000000000,2,1;1700000000600000": "funnel", "1,2,1,1": "funnel", // a charge's debt
 		"1699999200000 3": "fixed_window", "1699999200000 5;1699999200000 1": "fixed_window",
 		"1699999200000:3,1000:2": "sliding_window", "1699999200000:3;": "sliding_window",
-		"": "", ";": "", "x": "", "1 2;3": "", "1;2 3": "", "1:2;3": "", "1;x": "",
+		"": "", ";": "funnel", "x": "", "1 2;3": "fixed_window", "1;2 3": "fixed_window", "1:2;3": "sliding_window", "1;x": "",
+		"tokenbucket": "tokenbucket", "funnel": "funnel", "sliding_window": "sliding_window", "fixed_window": "fixed_window",
+		"funnel:1893456000000000": "", "tokenbucket2": "",
 	} {
-		if got := flatAlgorithm(value); got != want {
-			t.Errorf("flatAlgorithm(%q) = %q, want %q", value, got, want)
+		prefix := newPrefix()
+		rdb.Set(ctx, prefix+"{x}", value, 0)
+		library := ""
+		for _, alg := range algorithms {
+			_, err := alg.limiter(redlimit.New(rdb, redlimit.WithPrefix(prefix)), "x").Config(ctx)
+			if errors.Is(err, redlimit.ErrNotInitialized) {
+				if library != "" {
+					t.Errorf("%q: both %s and %s read it", value, library, alg.name)
+				}
+				library = alg.name
+			}
+		}
+		if library != want {
+			t.Errorf("%q: the library reads it as %q's, want %q", value, library, want)
+		}
+		if got := s.ls(t, prefix)["x"].Algorithm; got != library {
+			t.Errorf("%q: ls lists it as %q's, the library reads it as %q's", value, got, library)
+		}
+		code, stdout, stderr := s.command(t, prefix, "get", "--json", "x")
+		var rep limiterReport
+		_ = json.Unmarshal([]byte(stdout), &rep)
+		if library == "" && (code != exitFail || !strings.Contains(stderr, "is a string, not a limiter's hash or flat state")) ||
+			library != "" && (code != exitOK || rep.Algorithm != library) {
+			t.Errorf("%q: get: exit %d, algorithm %q\n%s", value, code, rep.Algorithm, stderr)
 		}
 	}
 }
@@ -972,7 +1010,7 @@ func TestGetNextPermit(t *testing.T) {
 // they have: the issue's `ls --prefix pc:` printed nothing for 10 of them.
 // Each algorithm Overall (a flat state, or the token bucket's :value) and
 // PerClient (the :clients registry); a marker (a string naming the
-// algorithm) and a flat state tagged with it, as the scripts may write them;
+// algorithm) and a flat state, as the scripts write them;
 // a registry whose clients are all full again is counted, not listed.
 func TestLsDefaults(t *testing.T) {
 	ctx := context.Background()
@@ -1000,7 +1038,10 @@ func TestLsDefaults(t *testing.T) {
 			}
 		}
 		s.rdb.Set(ctx, prefix+"{pc:8}", "sliding_window", time.Hour)
-		s.rdb.Set(ctx, prefix+"{pc:9}", "funnel:1893456000000000", time.Hour)
+		s.rdb.Set(ctx, prefix+"{pc:9}", "1893456000000000", time.Hour)
+		// A flat state tagged with its algorithm's name is no algorithm's:
+		// the scripts refuse it (TestStringOwner).
+		s.rdb.Set(ctx, prefix+"{pc:tagged}", "funnel:1893456000000000", time.Hour)
 		want["pc:8"], want["pc:9"] = "sliding_window", "funnel"
 		s.rdb.ZAdd(ctx, prefix+"{gone}:clients", redis.Z{Score: 1, Member: "bob"})
 
@@ -1103,8 +1144,7 @@ func TestInFlightAdmin(t *testing.T) {
 
 		// ls lists both: one by its hash, one by its holds alone.
 		listed := s.must(t, prefix, "ls")
-		lines := strings.Split(strings.TrimSuffix(listed, "\n"), "\n")
-		slices.Sort(lines) // SCAN's order
+		lines := strings.Split(strings.TrimSuffix(listed, "\n"), "\n") // by name
 		wantLines := []string{
 			"jobs                      inflight        3 in flight, TTL 1h0m0s; 2 held",
 			"reports                   inflight        none stored (runs on its handles' default); 1 held",
