@@ -612,7 +612,7 @@ func (r limiterReport) print(w io.Writer) {
 	case r.Config != nil:
 		fmt.Fprintf(tw, "config\t%s\t(stored)\n", fromJSON(r.Config))
 		if r.Shadow {
-			fmt.Fprintf(tw, "shadow\ton\t(every decision counted, every request granted; redlimit shadow %s off enforces it)\n", r.Name)
+			fmt.Fprintf(tw, "shadow\ton: every decision counted, every request granted (redlimit shadow %s off to enforce)\n", r.Name)
 		} else {
 			fmt.Fprintf(tw, "shadow\toff\n")
 		}

@@ -622,8 +622,10 @@ func TestAddressForms(t *testing.T) {
 
 // TestLsMillionKeys: ls over many limiters, on a server of its own,
 // answers every one; never calls KEYS; SCANs with COUNT, each call short;
-// streams (its first line comes out while most of the keyspace is still to
-// scan) and holds one batch in memory, not every name. 200,000 keys by
+// with --scan-order, streams (its first line comes out while most of the
+// keyspace is still to scan) and holds one batch in memory, not every
+// name; sorted (the default), holds a few megabytes of lines, spilling
+// sorted runs to disk, and prints every line in order. 200,000 keys by
 // default, to spare shared CI cores; REDLIMIT_LS_KEYS=1000000 for the
 // million the issue names.
 func TestLsMillionKeys(t *testing.T) {
@@ -678,7 +680,7 @@ return 1`)
 	scansAtFirstLine = nil
 	start = time.Now()
 	var errOut strings.Builder
-	code := run(ctx, []string{"ls", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, out, &errOut)
+	code := run(ctx, []string{"ls", "--scan-order", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, out, &errOut)
 	elapsed := time.Since(start)
 	if code != exitOK || out.n != n {
 		t.Fatalf("exit %d, %d lines, want %d: %s", code, out.n, n, errOut.String())
@@ -715,6 +717,29 @@ return 1`)
 			t.Logf("%s: %.0fµs per call in Redis", cmd, us)
 		}
 	}
+
+	// Sorted: the heap sampled at each spill, at its fullest, and as the
+	// merge writes.
+	peak = 0
+	spills := 0
+	spillHook = func() { spills++; peak = max(peak, liveHeap()) }
+	t.Cleanup(func() { spillHook = nil })
+	sorted := &lineCounter{every: n / 10, ordered: true, sample: func(lines int) {
+		if lines > 0 {
+			peak = max(peak, liveHeap())
+		}
+	}}
+	start = time.Now()
+	code = run(ctx, []string{"ls", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, sorted, &errOut)
+	elapsed = time.Since(start)
+	if code != exitOK || sorted.n != n || sorted.disorder != 0 {
+		t.Fatalf("exit %d, %d lines (%d out of order), want %d in order: %s", code, sorted.n, sorted.disorder, n, errOut.String())
+	}
+	grew = int64(peak) - int64(base)
+	t.Logf("ls, sorted: %d limiters in %v, %d runs spilled; live heap peaked %.1f MB above its start", n, elapsed.Round(time.Millisecond), spills, float64(grew)/(1<<20))
+	if spills == 0 || grew > 16<<20 {
+		t.Errorf("%d runs spilled, heap grew by %d MB: ls should hold a few MB of lines", spills, grew>>20)
+	}
 }
 
 // scansAtFirstLine is how many SCANs Redis had answered when ls wrote its first line.
@@ -731,14 +756,34 @@ func scanCalls(t *testing.T, rdb *redis.Client) int {
 
 // lineCounter counts the lines written to it, and keeps none. It calls
 // sample before the first line, and whenever the count passes a multiple of every.
+// With ordered, it counts the lines that come before the one written
+// before them (disorder), keeping that one.
 type lineCounter struct {
 	n, every int
 	sample   func(lines int)
+
+	ordered       bool
+	last, partial []byte
+	disorder      int
 }
 
 func (c *lineCounter) Write(p []byte) (int, error) {
 	if c.n == 0 {
 		c.sample(0)
+	}
+	if c.ordered {
+		rest := append(c.partial, p...)
+		for {
+			line, after, found := bytes.Cut(rest, []byte{'\n'})
+			if !found {
+				break
+			}
+			if bytes.Compare(c.last, line) > 0 {
+				c.disorder++
+			}
+			c.last, rest = append(c.last[:0], line...), after
+		}
+		c.partial = append(c.partial[:0:0], rest...)
 	}
 	before := c.n
 	c.n += bytes.Count(p, []byte{'\n'})

@@ -161,7 +161,6 @@ func TestGetOnDefault(t *testing.T) {
 	})
 }
 
-
 // TestGetNothingHeld: get on a name with no config and no state says so
 // plainly. With no key at all, as a name never used or an idle limiter on
 // a default, it exits 3 (no such limiter), as it always has and scripts

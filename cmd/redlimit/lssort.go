@@ -28,6 +28,10 @@ type sortLine struct{ name, text string }
 // variable so that tests can spill small lists.
 var runBytes = 4 << 20
 
+// spillHook, when set, is called as a run is about to be written: a test's
+// look at the memory held at its fullest.
+var spillHook func()
+
 func (s *lineSorter) add(name, text string) error {
 	s.lines = append(s.lines, sortLine{name, text})
 	s.held += len(name) + len(text) + 48 // and the headers of the strings and the line
@@ -45,6 +49,9 @@ func compareLines(a, b sortLine) int {
 // its text's lengths (uvarints) and bytes. The file is unlinked at once:
 // it goes with the command, however that ends.
 func (s *lineSorter) spill() error {
+	if spillHook != nil {
+		spillHook()
+	}
 	slices.SortFunc(s.lines, compareLines)
 	f, err := os.CreateTemp("", "redlimit-ls-*")
 	if err != nil {
