@@ -478,12 +478,20 @@ func get(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("get", "get [flags] NAME", `Shows a limiter: its algorithm, the stored config (or none: it runs on its
 handles' default), its TTL, and its usage now: permits remaining, when the
 next permit frees and when it is full again; for a PerClient limiter, each
-client's. It writes nothing: usage is read with peeks (Allow with zero
-permits), the next permit's time with peeks ahead of now. Without a stored
-config, usage needs the services' default: give it with --rate and --per
-(and the other config flags). With --json, durations are in milliseconds
-from as_of (Redis TIME): retry_after_ms is the wait for one permit,
-reset_after_ms until the limiter is full again.
+client's; whether it is in shadow mode. It writes nothing: usage is read
+with peeks (Allow with zero permits), the next permit's time with peeks
+ahead of now. With --json, durations are in milliseconds from as_of (Redis
+TIME): retry_after_ms is the wait for one permit, reset_after_ms until the
+limiter is full again.
+
+Without a stored config (a limiter on its handles' default), it shows what
+Redis holds for it, key by key with their TTLs, in the state's own terms:
+a funnel's TAT and debt, a window's start and count, a sliding window's
+sub-windows, a token bucket's records, the registry's clients. Permits need
+the services' default: give it with --rate and --per (and the other config
+flags). A name with no key at all exits 3: nothing is held for it, which
+is also what an idle limiter on a default looks like (it keeps state only
+while it is in use).
 
 For an in-flight limit: its stored limit and TTL (or none), how many holds
 are live, and each holder's id and time left until its hold expires unless

@@ -480,19 +480,15 @@ func storedConfig(h hashFields) (redlimit.Config, error) {
 	return cfg, nil
 }
 
-// matchPattern is SCAN's MATCH for limiter names matching pattern: under a
-// prefix, prefix{pattern}, as the library names them. A name that holds a
-// tag of its own keeps it, so such names are found without a pattern, or
-// with a pattern that has the tag.
+// matchPattern is SCAN's MATCH for limiter names matching pattern: named
+// as the library names them (wire.FullName), prefix{pattern} under a
+// prefix. A name that holds a tag of its own keeps it, so such names are
+// found without a pattern, or with a pattern that has the tag.
 func matchPattern(prefix, pattern string) string {
-	p := globEscape(prefix)
-	switch {
-	case pattern == "":
-		return p + "*"
-	case prefix == "" || strings.Contains(prefix+pattern, "{"):
-		return p + pattern
+	if pattern == "" {
+		return globEscape(prefix) + "*"
 	}
-	return p + "{" + pattern + "}"
+	return wire.FullName(globEscape(prefix), pattern)
 }
 
 // globEscape makes s match itself in a Redis glob.

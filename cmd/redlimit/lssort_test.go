@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // TestLsSorted: ls prints its lines by name (byte order), text and JSON,
@@ -93,3 +94,40 @@ func TestLsSorted(t *testing.T) {
 }
 
 func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) }
+
+// TestLayoutInverses: the layout's inverses ls relies on (internal/wire's
+// LimiterKey and NameOf) give back what KeyOf and FullName made, for names
+// with and without a tag of their own, with and without a prefix; and no
+// other key of a limiter reads as a limiter's own. (Under a prefix with a
+// tag, a name ending in a suffix, such as x:value, is another limiter's
+// key too: prefix{tag}:x:value is x's token bucket value. NameOf takes it
+// for the state key, and ls does not list such a name.)
+func TestLayoutInverses(t *testing.T) {
+	for _, prefix := range []string{"", "svc:", "a{b}:"} {
+		for _, name := range []string{"api", "user:42", "{g}:h", "x:tat", "a:b:c"} {
+			full := wire.FullName(prefix, name)
+			if strings.Contains(prefix, "{") && strings.HasSuffix(name, ":tat") {
+				if _, ok := wire.NameOf(prefix, full); ok {
+					t.Errorf("NameOf(%q, %q) took it for a limiter's own key", prefix, full)
+				}
+				continue
+			}
+			if got, ok := wire.NameOf(prefix, full); !ok || wire.FullName(prefix, got) != full {
+				t.Errorf("NameOf(%q, %q) = %q, %v: want a name whose key is %q", prefix, full, got, ok, full)
+			}
+			for _, suffix := range wire.Suffixes() {
+				for _, key := range []string{wire.KeyOf(full, suffix), wire.KeyOf(full, suffix) + ":client-1"} {
+					if got, ok := wire.NameOf(prefix, key); ok && strings.Contains(full, "{") {
+						t.Errorf("NameOf(%q, %q) = %q: a state key read as a limiter's own", prefix, key, got)
+					}
+				}
+				if got, ok := wire.LimiterKey(wire.KeyOf(full, suffix), suffix); !ok || wire.KeyOf(got, suffix) != wire.KeyOf(full, suffix) {
+					t.Errorf("LimiterKey(%q) = %q, %v", wire.KeyOf(full, suffix), got, ok)
+				}
+			}
+		}
+	}
+	if _, ok := wire.NameOf("svc:", "other:{api}"); ok {
+		t.Error("NameOf: a key outside the prefix read as a limiter's")
+	}
+}
