@@ -115,7 +115,6 @@ func TestShadow(t *testing.T) {
 	})
 }
 
-
 // TestResetAndExpireSayWhatTheyDo: redlimit -h, each command's -h and the
 // command's README say what reset and expire do to an in-flight limit, and
 // that is what they do: reset drops every hold and keeps the config (as it
