@@ -438,8 +438,12 @@ func (h *heldJSON) print(w io.Writer, name string, now time.Time) {
 		case k.Value != nil:
 			fmt.Fprintf(w, "    %d: the rate less the permits its log holds\n", *k.Value)
 		}
+		width := 0
 		for _, c := range k.Clients {
-			fmt.Fprintf(w, "    %s  last granted %s\n", c.ID, ago(c.LastGrantedMS))
+			width = max(width, len(c.ID))
+		}
+		for _, c := range k.Clients {
+			fmt.Fprintf(w, "    %-*s  last granted %s\n", width, c.ID, ago(c.LastGrantedMS))
 		}
 		for _, r := range k.Rates {
 			fmt.Fprintf(w, "    rate %d: %s\n", r.Rate, r.describe(ago))
@@ -460,6 +464,9 @@ func (r rateHeld) describe(ago func(ms int64) string) string {
 		return fmt.Sprintf("%d counted in the window from %s (%s)", *r.Count, time.UnixMilli(*r.WindowStartMS).UTC().Format(asOfLayout), ago(*r.WindowStartMS))
 	case r.SubWindows != nil:
 		oldest, newest := r.SubWindows[0].StartMS, r.SubWindows[len(r.SubWindows)-1].StartMS
+		if len(r.SubWindows) == 1 {
+			return fmt.Sprintf("%d counted in 1 sub-window, from %s (%s)", *r.Count, time.UnixMilli(oldest).UTC().Format(asOfLayout), ago(oldest))
+		}
 		return fmt.Sprintf("%d counted in %d sub-windows, from %s (%s) to %s (%s)", *r.Count, len(r.SubWindows),
 			time.UnixMilli(oldest).UTC().Format(asOfLayout), ago(oldest), time.UnixMilli(newest).UTC().Format(asOfLayout), ago(newest))
 	case r.Records != nil:
