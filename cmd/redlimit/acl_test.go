@@ -64,7 +64,8 @@ func TestLeastPrivilegeACL(t *testing.T) {
 			for _, cmd := range [][]string{
 				{"ls"}, {"get", "dflt"},
 				{"set", "api", "--rate", "10", "--per", "1h", "--algorithm", alg.name},
-				{"ls"}, {"get", "api"}, {"expire", "api", "10m"}, {"reset", "api"}, {"delete", "--yes", "api"},
+				{"ls"}, {"get", "api"}, {"shadow", "api", "on"}, {"shadow", "api", "off"},
+				{"expire", "api", "10m"}, {"reset", "api"}, {"delete", "--yes", "api"},
 			} {
 				code, stdout, stderr := s.command(t, prefix, cmd[0], cmd[1:]...)
 				if code != exitOK {

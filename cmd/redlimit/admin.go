@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // admin is what the admin commands share: a real Redis, a prefix, and
@@ -113,197 +113,138 @@ func algorithmNamed(name string) func(*redlimit.Client, string) *redlimit.Limite
 	return nil
 }
 
-// keyOf is a limiter's key with a suffix, as the README's "Keys in Redis"
-// lays them out: {name}:suffix, or name:suffix when the name has a tag.
-func keyOf(full, suffix string) string {
-	if strings.Contains(full, "{") {
-		return full + ":" + suffix
+// ownKeyFields is what ls and locate read of a limiter's hash (HMGET): the
+// config's fields, its algorithm and shadow mode, an in-flight limit's
+// config, then every algorithm's Overall state fields: enough to tell whose
+// hash it is (wire.HashOwner) and to read its config. The layout is
+// internal/wire's: the command reads it from there.
+var ownKeyFields = slices.Concat(wire.ConfigFields,
+	[]string{wire.FieldAlgorithm, wire.FieldShadow, wire.FieldLimit, wire.FieldTTL}, wire.StateFields())
+
+// hashFields are the fields of ownKeyFields a limiter's hash holds, by name.
+type hashFields map[string]string
+
+// readFields names the values HMGET returned for ownKeyFields.
+func readFields(f []any) hashFields {
+	h := hashFields{}
+	for i, v := range f {
+		if s, ok := v.(string); ok && i < len(ownKeyFields) {
+			h[ownKeyFields[i]] = s
+		}
 	}
-	return "{" + full + "}:" + suffix
+	return h
 }
 
-// stateFields are the Overall state fields each algorithm keeps in the
-// limiter's hash, and perClientState the key each keeps per client (its
-// first state key): what tells a limiter running on a default, without a
-// stored config, apart.
-var (
-	stateFields    = []struct{ field, algorithm string }{{"tat", "funnel"}, {"window", "fixed_window"}, {"count", "fixed_window"}, {"counts", "sliding_window"}}
-	perClientState = []struct{ suffix, algorithm string }{{"tat", "funnel"}, {"window", "fixed_window"}, {"buckets", "sliding_window"}, {"value", "tokenbucket"}, {"permits", "tokenbucket"}}
-	// hashFields is what ls and locate read of a limiter's hash: the
-	// config fields in Config's order, then the algorithm, then state,
-	// then the further rates (Config.More; absent with one rate), then an
-	// in-flight limit's config (InFlightConfig), then the rates that follow
-	// the calendar ("place=spec", ',' between them; see Calendar).
-	hashFields = []string{"rate", "interval", "type", "burst", "buckets", "keepAliveTime", "algorithm", "tat", "window", "count", "counts", "more", "limit", "ttl", "calendar"}
-	// Where the fields read by name are in HMGET's reply.
-	fieldAlgorithm, fieldMore = slices.Index(hashFields, "algorithm"), slices.Index(hashFields, "more")
-	fieldCalendar             = slices.Index(hashFields, "calendar")
-	fieldLimit, fieldTTL      = slices.Index(hashFields, "limit"), slices.Index(hashFields, "ttl")
-)
-
-// classify tells a limiter's algorithm from its hash fields (hashFields'
-// order), and whether the hash stores a config. The algorithm field names
-// ours; without it, a rate or an interval is a token bucket (Redisson's
-// layout). "" means the hash is not a limiter's. An in-flight limit's hash
-// holds nothing but its config: SetLimit writes it whole.
-func classify(f []any) (algorithm string, stored bool) {
-	field := func(i int) (string, bool) { s, ok := f[i].(string); return s, ok }
-	_, rate := field(0)
-	_, interval := field(1)
-	stored = rate || interval
-	if alg, ok := field(fieldAlgorithm); ok {
-		return alg, stored || alg == inFlightAlgorithm
-	}
-	if stored {
-		return "tokenbucket", true
-	}
-	for i, s := range stateFields {
-		if _, ok := field(7 + i); ok {
-			return s.algorithm, false
-		}
-	}
-	return "", false
+func (h hashFields) field(name string) (string, bool) {
+	v, ok := h[name]
+	return v, ok
 }
 
-// flatShapes are the flat states the funnel (a TAT, with its remainder
-// after a ',' when it has one, and ',1' after that while a charge's debt
-// is owed), the fixed window
-// ('start count') and the sliding window ('start:count,gap:count…') keep in
-// a limiter's key while no config is stored (the README's "Keys in Redis"),
-// one part per rate with ';' between them: the shapes their scripts accept.
-var flatShapes = []struct {
-	algorithm string
-	part      *regexp.Regexp
-}{
-	{"funnel", regexp.MustCompile(`^\d+(?:,\d+(?:,1)?)?$`)},
-	{"fixed_window", regexp.MustCompile(`^\d+ \d+$`)},
-	{"sliding_window", regexp.MustCompile(`^\d+:\d+(?:,\d+:\d+)*$`)},
-}
+// owner is the algorithm whose hash it is ("" for none), and whether it
+// holds a config, as the admin script tells them.
+func (h hashFields) owner() (string, bool) { return wire.HashOwner(h.field) }
 
-// stringAlgorithm tells the algorithm of the string at a limiter's name
-// with no config stored, or "": a marker (the algorithm's name: the token
-// bucket's, or any PerClient state's, kept elsewhere), a flat state that
-// starts with its algorithm's name as a tag, or an untagged flat state, by
-// its shape. No more of it is read: the scripts own its format.
-func stringAlgorithm(value string) string {
-	for _, alg := range algorithmNames() {
-		if rest, ok := strings.CutPrefix(value, alg); ok && (rest == "" || !isNameByte(rest[0])) {
-			return alg
-		}
-	}
-	return flatAlgorithm(value)
-}
+// shadow: the stored config is in shadow mode (Limiter.SetShadow).
+func (h hashFields) shadow() bool { return h[wire.FieldShadow] == "1" }
 
-// isNameByte: a byte that could continue an algorithm's name.
-func isNameByte(b byte) bool { return b == '_' || 'a' <= b && b <= 'z' || '0' <= b && b <= '9' }
-
-// flatAlgorithm tells the algorithm whose flat state value is, or "": each
-// rate's part is empty or of that algorithm's shape, and one is not empty.
-// A marker (the token bucket's, or a PerClient default's: see
-// scripts/common.lua) is the algorithm's name.
-func flatAlgorithm(value string) string {
-	if algorithmNamed(value) != nil {
-		return value
-	}
-	algorithm := ""
-	for _, part := range strings.Split(value, ";") {
-		if part == "" {
-			continue
-		}
-		found := ""
-		for _, shape := range flatShapes {
-			if shape.part.MatchString(part) {
-				found = shape.algorithm
-			}
-		}
-		if found == "" || algorithm != "" && found != algorithm {
-			return ""
-		}
-		algorithm = found
-	}
-	return algorithm
+// located is what locate found of a limiter.
+type located struct {
+	algorithm string // "" when nothing tells a limiter
+	config    bool   // its hash holds a config
+	shadow    bool   // in shadow mode (kept with the config)
 }
 
 // locate finds which algorithm holds name, reading only: the hash's fields,
-// or a flat state;
-// without a hash, the token bucket's Overall keys, an in-flight limit's
-// holds; then a PerClient limiter's registry and its first client's state
-// key. "" means there is no limiter of that name.
-func (a *admin) locate(ctx context.Context, name string) (string, error) {
+// or the string a limiter on a default keeps (a flat state or a marker,
+// wire.OwnerOf); without either, the token bucket's Overall state keys, an
+// in-flight limit's holds, then a PerClient limiter's registry and its
+// latest client's state keys. No algorithm means there is no limiter of that
+// name that the command can tell.
+func (a *admin) locate(ctx context.Context, name string) (located, error) {
 	l := a.client.TokenBucket(name)
 	if name == "" || strings.Contains(name, "{") {
 		// Only these can be invalid; the library has the rule, and says so
 		// on its first call (a read).
 		if _, err := l.RemainTimeToLive(ctx); errors.Is(err, redlimit.ErrInvalidName) {
-			return "", err
+			return located{}, err
 		}
 	}
 	full := l.Name()
-	f, err := a.rdb.HMGet(ctx, full, hashFields...).Result()
+	f, err := a.rdb.HMGet(ctx, full, ownKeyFields...).Result()
 	if isWrongType(err) {
-		if alg := stringAlgorithm(a.rdb.Get(ctx, full).Val()); alg != "" {
-			return alg, nil
+		if alg := wire.OwnerOf(a.rdb.Get(ctx, full).Val()); alg != "" {
+			return located{algorithm: alg}, nil
 		}
-		return "", fmt.Errorf("%s is a %s, not a limiter's hash or flat state", full, a.rdb.Type(ctx, full).Val())
+		return located{}, fmt.Errorf("%s is a %s, not a limiter's hash or flat state", full, a.rdb.Type(ctx, full).Val())
 	}
 	if err != nil {
-		return "", fmt.Errorf("reading %s: %w", full, err)
+		return located{}, fmt.Errorf("reading %s: %w", full, err)
 	}
-	if alg, _ := classify(f); alg != "" {
-		return alg, nil
+	h := readFields(f)
+	if alg, config := h.owner(); alg != "" {
+		return located{algorithm: alg, config: config, shadow: config && h.shadow()}, nil
 	}
-	n, err := a.rdb.Exists(ctx, keyOf(full, "value"), keyOf(full, "permits")).Result()
-	if err != nil {
-		return "", fmt.Errorf("reading %s: %w", full, err)
+	exists := func(keys ...string) (bool, error) {
+		n, err := a.rdb.Exists(ctx, keys...).Result()
+		if err != nil {
+			return false, fmt.Errorf("reading %s: %w", full, err)
+		}
+		return n > 0, nil
 	}
-	if n > 0 {
-		return "tokenbucket", nil
-	}
-	// An in-flight limit on its handles' default, with holds (or holds
-	// just expired: the key lives as long as the latest).
-	if n, err = a.rdb.Exists(ctx, keyOf(full, "holders")).Result(); err != nil {
-		return "", fmt.Errorf("reading %s: %w", full, err)
-	}
-	if n > 0 {
-		return inFlightAlgorithm, nil
+	// A token bucket on a default whose state came before markers (or
+	// Redisson's); an in-flight limit on its handles' default, with holds
+	// (or holds just expired: the key lives as long as the latest).
+	for _, on := range []struct {
+		alg  string
+		keys []string
+	}{
+		{wire.TokenBucket.Name, wire.TokenBucket.StateKeys(full, "")},
+		{inFlightAlgorithm, []string{wire.KeyOf(full, wire.SuffixHolders)}},
+	} {
+		if found, err := exists(on.keys...); err != nil || found {
+			return located{algorithm: on.alg}, err
+		}
 	}
 	// The latest client to be granted: its state is the likeliest to be left.
-	ids, err := a.rdb.ZRange(ctx, keyOf(full, "clients"), -1, -1).Result()
+	ids, err := a.rdb.ZRange(ctx, wire.KeyOf(full, wire.SuffixClients), -1, -1).Result()
 	if err != nil || len(ids) == 0 {
-		return "", nil // no registry, or not a zset: not one of ours
+		return located{}, nil // no registry, or not a zset: not one of ours
 	}
-	for _, s := range perClientState {
-		n, err := a.rdb.Exists(ctx, keyOf(full, s.suffix+":"+ids[0])).Result()
-		if err != nil {
-			return "", fmt.Errorf("reading %s: %w", full, err)
-		}
-		if n > 0 {
-			return s.algorithm, nil
+	for _, alg := range wire.Algorithms {
+		if found, err := exists(alg.StateKeys(full, ids[0])...); err != nil || found {
+			return located{algorithm: alg.Name}, err
 		}
 	}
-	return "", nil
+	return located{}, nil
 }
 
 func isWrongType(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
 }
 
-// limiter returns a handle on an existing limiter and its algorithm, or an
-// exit code. An in-flight limit has no Limiter: its handle is
+// limiter returns a handle on an existing limiter and what locate found of
+// it, or an exit code. An in-flight limit has no Limiter: its handle is
 // a.client.InFlight(name), and l is nil.
-func (a *admin) limiter(ctx context.Context, name string) (*redlimit.Limiter, string, int) {
-	alg, err := a.locate(ctx, name)
-	switch {
-	case err != nil:
-		return nil, "", a.fail(err)
-	case alg == "":
-		return nil, "", a.notFound(name)
-	case alg == inFlightAlgorithm:
-		return nil, alg, exitOK
-	case algorithmNamed(alg) == nil:
-		return nil, "", a.fail(fmt.Errorf("%s holds an algorithm this command does not know: %q", a.client.TokenBucket(name).Name(), alg))
+func (a *admin) limiter(ctx context.Context, name string) (*redlimit.Limiter, located, int) {
+	at, err := a.locate(ctx, name)
+	if err != nil {
+		return nil, at, a.fail(err)
 	}
-	return algorithmNamed(alg)(a.client, name), alg, exitOK
+	l, code := a.handle(name, at)
+	return l, at, code
+}
+
+// handle is limiter's, for a limiter located already.
+func (a *admin) handle(name string, at located) (*redlimit.Limiter, int) {
+	switch alg := at.algorithm; {
+	case alg == "":
+		return nil, a.notFound(name)
+	case alg == inFlightAlgorithm:
+		return nil, exitOK
+	case algorithmNamed(alg) == nil:
+		return nil, a.fail(fmt.Errorf("%s holds an algorithm this command does not know: %q", a.client.TokenBucket(name).Name(), alg))
+	}
+	return algorithmNamed(at.algorithm)(a.client, name), exitOK
 }
 
 // configFlags are set's flags, and get's for the default to assume.
@@ -496,18 +437,61 @@ type limiterReport struct {
 	// Clients are the PerClient clients, with their usage when a config is
 	// stored or assumed.
 	Clients []limitUsage `json:"clients"`
+	// Shadow: the stored config is in shadow mode (redlimit shadow,
+	// Limiter.SetShadow): every decision is made and counted, and every
+	// request granted. A handle's own WithShadow is the services', not
+	// Redis's; without a stored config there is none to keep it.
+	Shadow bool `json:"shadow"`
+	// Held is what Redis holds when no config is stored, in the state's own
+	// terms (counts, times, records): what needs no rate. Absent when a
+	// config is stored.
+	Held *heldJSON `json:"held,omitempty"`
+}
+
+// getUnknown is get on a name whose keys tell no algorithm: it says what
+// they hold, or, when it has none, that there is no limiter (exit 3): an
+// idle limiter on a default has no key, as a name never used has none.
+func (a *admin) getUnknown(ctx context.Context, name string, at *instant) int {
+	full := a.client.TokenBucket(name).Name()
+	held, err := a.readHeld(ctx, full, nil, at.t)
+	if err != nil {
+		return a.fail(err)
+	}
+	if len(held.Keys) == 0 {
+		fmt.Fprintf(a.stderr, "redlimit get: no limiter %q in %v (no key %s, nor any other of its keys): %s\n", name, &a.be, full, nothingHeld(name))
+		return exitNotFound
+	}
+	rep := limiterReport{Name: name, Key: full, AsOf: at.t.UTC().Format(asOfLayout), Clients: []limitUsage{}, Held: held}
+	for i, k := range held.Keys {
+		if i == 0 || k.TTLMS < 0 || rep.TTLMS >= 0 && k.TTLMS > rep.TTLMS {
+			rep.TTLMS = k.TTLMS
+		}
+	}
+	if a.json {
+		return a.writeJSON(rep)
+	}
+	rep.print(a.stdout)
+	return exitOK
 }
 
 func get(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a := newAdmin("get", "get [flags] NAME", `Shows a limiter: its algorithm, the stored config (or none: it runs on its
 handles' default), its TTL, and its usage now: permits remaining, when the
 next permit frees and when it is full again; for a PerClient limiter, each
-client's. It writes nothing: usage is read with peeks (Allow with zero
-permits), the next permit's time with peeks ahead of now. Without a stored
-config, usage needs the services' default: give it with --rate and --per
-(and the other config flags). With --json, durations are in milliseconds
-from as_of (Redis TIME): retry_after_ms is the wait for one permit,
-reset_after_ms until the limiter is full again.
+client's; whether it is in shadow mode. It writes nothing: usage is read
+with peeks (Allow with zero permits), the next permit's time with peeks
+ahead of now. With --json, durations are in milliseconds from as_of (Redis
+TIME): retry_after_ms is the wait for one permit, reset_after_ms until the
+limiter is full again.
+
+Without a stored config (a limiter on its handles' default), it shows what
+Redis holds for it, key by key with their TTLs, in the state's own terms:
+a funnel's TAT and debt, a window's start and count, a sliding window's
+sub-windows, a token bucket's records, the registry's clients. Permits need
+the services' default: give it with --rate and --per (and the other config
+flags). A name with no key at all exits 3: nothing is held for it, which
+is also what an idle limiter on a default looks like (it keeps state only
+while it is in use).
 
 For an in-flight limit: its stored limit and TTL (or none), how many holds
 are live, and each holder's id and time left until its hold expires unless
@@ -538,10 +522,18 @@ refreshed, by id (InFlight.Holders). The rate flags do not apply.
 	}
 	a.client = redlimit.New(a.rdb, redlimit.WithPrefix(a.prefix), redlimit.WithClock(at.now))
 	name := pos[0]
-	l, alg, code := a.limiter(ctx, name)
+	found, err := a.locate(ctx, name)
+	if err != nil {
+		return a.fail(err)
+	}
+	if found.algorithm == "" {
+		return a.getUnknown(ctx, name, at)
+	}
+	l, code := a.handle(name, found)
 	if code != exitOK {
 		return code
 	}
+	alg := found.algorithm
 	if alg == inFlightAlgorithm {
 		if flag := visited(a.fs, rateFlags...); flag != "" {
 			return invalid(a.fs, "%s is an in-flight limit: --%s is a rate limiter's flag", name, flag)
@@ -552,6 +544,9 @@ refreshed, by id (InFlight.Holders). The rate flags do not apply.
 	cfg, err := l.Config(ctx)
 	switch {
 	case errors.Is(err, redlimit.ErrNotInitialized):
+		if rep.Held, err = a.readHeld(ctx, l.Name(), wire.AlgorithmNamed(alg), at.t); err != nil {
+			return a.fail(err)
+		}
 		if assume.given() {
 			cfg = assume.config()
 			if err := l.Validate(cfg); err != nil {
@@ -562,7 +557,7 @@ refreshed, by id (InFlight.Holders). The rate flags do not apply.
 	case err != nil:
 		return a.fail(err)
 	default:
-		rep.Config = toJSON(cfg)
+		rep.Config, rep.Shadow = toJSON(cfg), found.shadow
 	}
 	ttl, err := l.RemainTimeToLive(ctx)
 	if err != nil {
@@ -616,14 +611,23 @@ func (a *admin) writeJSON(v any) int {
 func (r limiterReport) print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "limiter\t%s\t(key %s)\n", r.Name, r.Key)
-	fmt.Fprintf(tw, "algorithm\t%s\n", r.Algorithm)
+	if r.Algorithm != "" {
+		fmt.Fprintf(tw, "algorithm\t%s\n", r.Algorithm)
+	} else {
+		fmt.Fprintf(tw, "algorithm\tunknown (no config, and no state tells it)\n")
+	}
 	switch {
 	case r.Config != nil:
 		fmt.Fprintf(tw, "config\t%s\t(stored)\n", fromJSON(r.Config))
+		if r.Shadow {
+			fmt.Fprintf(tw, "shadow\ton: every decision counted, every request granted (redlimit shadow %s off to enforce)\n", r.Name)
+		} else {
+			fmt.Fprintf(tw, "shadow\toff\n")
+		}
 	case r.Assumed != nil:
 		fmt.Fprintf(tw, "config\tnone stored; assuming %s\t(--rate, --per)\n", fromJSON(r.Assumed))
 	default:
-		fmt.Fprintf(tw, "config\tnone stored\t(it runs on its handles' default; give it with --rate and --per to see usage)\n")
+		fmt.Fprintf(tw, "config\tnone stored\t(it runs on its handles' default: what Redis holds follows; --rate and --per give permits)\n")
 	}
 	switch {
 	case r.TTLMS == int64(redlimit.NoExpiry):
@@ -637,17 +641,18 @@ func (r limiterReport) print(w io.Writer) {
 		fmt.Fprintf(tw, "remaining\t%s%s\n", r.Usage, r.binds(*r.Usage))
 	}
 	tw.Flush()
-	if r.Usage == nil && (r.Config != nil || r.Assumed != nil) || len(r.Clients) > 0 {
+	if r.Held != nil {
+		asOf, _ := time.Parse(asOfLayout, r.AsOf)
+		defer r.Held.print(w, r.Name, asOf)
+	}
+	// Without a config, the clients' state is in Held.
+	if (r.Config != nil || r.Assumed != nil) && (r.Usage == nil || len(r.Clients) > 0) {
 		if len(r.Clients) == 0 {
 			fmt.Fprintf(w, "\nNo client has usage (PerClient): every one has its full limit.\n")
 			return
 		}
 		fmt.Fprintf(w, "\n%d clients (PerClient):\n", len(r.Clients))
 		for _, c := range r.Clients {
-			if c.Limit < 0 {
-				fmt.Fprintf(tw, "  %s\t(usage unknown without a config)\n", c.Client)
-				continue
-			}
 			fmt.Fprintf(tw, "  %s\t%s%s\n", c.Client, c, r.binds(c))
 		}
 		tw.Flush()
@@ -757,8 +762,8 @@ remain. The rate flags do not go with these.
 	}
 	defer a.close()
 	name := pos[0]
-	held, err := a.locate(ctx, name)
-	switch {
+	at, err := a.locate(ctx, name)
+	switch held := at.algorithm; {
 	case err != nil:
 		return a.fail(err)
 	case held == inFlightAlgorithm:
@@ -918,6 +923,47 @@ config never expires, and each hold expires by itself.
 	})
 }
 
+func shadow(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := newAdmin("shadow", "shadow [flags] NAME on|off", `Turns shadow mode on or off for every instance's handles on a limiter
+(SetShadow), from their next decision. On, each decision is made and
+counted in Redis as ever, and every request is granted: Result says what
+enforcing would have answered (Shadow, Reason). For trying a new limit on
+live traffic before it may deny anything. Off, the limit is enforced again.
+
+Shadow mode is kept with the stored config: it survives set and reset;
+delete, or the config's expiry, ends it. A limiter running on its handles'
+default has no config in Redis to keep it (exit 1): store one first
+(redlimit set), or give the services' handles WithShadow. get and ls show
+it. Not for an in-flight limit (exit 1).
+
+	redlimit shadow --redis redis://localhost:6379 --prefix svc: user:42 on
+`, false, stdout, stderr)
+	var on bool
+	return a.onLimiter(ctx, args, 1, func(l *redlimit.Limiter, name, _ string) int {
+		err := l.SetShadow(ctx, on)
+		switch {
+		case errors.Is(err, redlimit.ErrNotInitialized):
+			fmt.Fprintf(a.stderr, "redlimit shadow: %s runs on its handles' default, with no config stored, and shadow mode is kept with a stored config: "+
+				"store one first (redlimit set %s --rate N --per D), or give the services' handles WithShadow\n", name, name)
+			return exitFail
+		case err != nil:
+			return a.fail(err)
+		case on:
+			fmt.Fprintf(stdout, "%s: shadow mode on: every decision counted, every request granted\n", name)
+		default:
+			fmt.Fprintf(stdout, "%s: shadow mode off: the limit is enforced\n", name)
+		}
+		return exitOK
+	}, a.notForInFlight("an in-flight limit has no shadow mode"), func(arg string) int {
+		switch arg {
+		case "on", "off":
+			on = arg == "on"
+			return exitOK
+		}
+		return usageError(a.fs, "want on or off, got %q", arg)
+	})
+}
+
 // onLimiter parses NAME and extra arguments (each checked by its own
 // func), connects, finds the limiter and runs do on it, or inFlight on an
 // in-flight limit.
@@ -939,14 +985,14 @@ func (a *admin) onLimiter(ctx context.Context, args []string, extra int, do func
 		return code
 	}
 	defer a.close()
-	l, alg, code := a.limiter(ctx, pos[0])
+	l, at, code := a.limiter(ctx, pos[0])
 	switch {
 	case code != exitOK:
 		return code
-	case alg == inFlightAlgorithm:
+	case at.algorithm == inFlightAlgorithm:
 		return inFlight(a.client.InFlight(pos[0]), pos[0])
 	}
-	return do(l, pos[0], alg)
+	return do(l, pos[0], at.algorithm)
 }
 
 // notForInFlight is the inFlight of a command an in-flight limit does not

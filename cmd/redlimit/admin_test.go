@@ -622,8 +622,10 @@ func TestAddressForms(t *testing.T) {
 
 // TestLsMillionKeys: ls over many limiters, on a server of its own,
 // answers every one; never calls KEYS; SCANs with COUNT, each call short;
-// streams (its first line comes out while most of the keyspace is still to
-// scan) and holds one batch in memory, not every name. 200,000 keys by
+// with --scan-order, streams (its first line comes out while most of the
+// keyspace is still to scan) and holds one batch in memory, not every
+// name; sorted (the default), holds a few megabytes of lines, spilling
+// sorted runs to disk, and prints every line in order. 200,000 keys by
 // default, to spare shared CI cores; REDLIMIT_LS_KEYS=1000000 for the
 // million the issue names.
 func TestLsMillionKeys(t *testing.T) {
@@ -678,7 +680,7 @@ return 1`)
 	scansAtFirstLine = nil
 	start = time.Now()
 	var errOut strings.Builder
-	code := run(ctx, []string{"ls", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, out, &errOut)
+	code := run(ctx, []string{"ls", "--scan-order", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, out, &errOut)
 	elapsed := time.Since(start)
 	if code != exitOK || out.n != n {
 		t.Fatalf("exit %d, %d lines, want %d: %s", code, out.n, n, errOut.String())
@@ -715,6 +717,29 @@ return 1`)
 			t.Logf("%s: %.0fµs per call in Redis", cmd, us)
 		}
 	}
+
+	// Sorted: the heap sampled at each spill, at its fullest, and as the
+	// merge writes.
+	peak = 0
+	spills := 0
+	spillHook = func() { spills++; peak = max(peak, liveHeap()) }
+	t.Cleanup(func() { spillHook = nil })
+	sorted := &lineCounter{every: n / 10, ordered: true, sample: func(lines int) {
+		if lines > 0 {
+			peak = max(peak, liveHeap())
+		}
+	}}
+	start = time.Now()
+	code = run(ctx, []string{"ls", "--redis", "redis://" + srv.Addr(), "--prefix", "m:"}, sorted, &errOut)
+	elapsed = time.Since(start)
+	if code != exitOK || sorted.n != n || sorted.disorder != 0 {
+		t.Fatalf("exit %d, %d lines (%d out of order), want %d in order: %s", code, sorted.n, sorted.disorder, n, errOut.String())
+	}
+	grew = int64(peak) - int64(base)
+	t.Logf("ls, sorted: %d limiters in %v, %d runs spilled; live heap peaked %.1f MB above its start", n, elapsed.Round(time.Millisecond), spills, float64(grew)/(1<<20))
+	if spills == 0 || grew > 16<<20 {
+		t.Errorf("%d runs spilled, heap grew by %d MB: ls should hold a few MB of lines", spills, grew>>20)
+	}
 }
 
 // scansAtFirstLine is how many SCANs Redis had answered when ls wrote its first line.
@@ -731,14 +756,34 @@ func scanCalls(t *testing.T, rdb *redis.Client) int {
 
 // lineCounter counts the lines written to it, and keeps none. It calls
 // sample before the first line, and whenever the count passes a multiple of every.
+// With ordered, it counts the lines that come before the one written
+// before them (disorder), keeping that one.
 type lineCounter struct {
 	n, every int
 	sample   func(lines int)
+
+	ordered       bool
+	last, partial []byte
+	disorder      int
 }
 
 func (c *lineCounter) Write(p []byte) (int, error) {
 	if c.n == 0 {
 		c.sample(0)
+	}
+	if c.ordered {
+		rest := append(c.partial, p...)
+		for {
+			line, after, found := bytes.Cut(rest, []byte{'\n'})
+			if !found {
+				break
+			}
+			if bytes.Compare(c.last, line) > 0 {
+				c.disorder++
+			}
+			c.last, rest = append(c.last[:0], line...), after
+		}
+		c.partial = append(c.partial[:0:0], rest...)
 	}
 	before := c.n
 	c.n += bytes.Count(p, []byte{'\n'})
@@ -867,18 +912,56 @@ func TestCalendarRates(t *testing.T) {
 	})
 }
 
-// A flat state tells its algorithm by its shape, one part per rate.
-func TestFlatAlgorithm(t *testing.T) {
+// TestStringOwner: the command tells which algorithm wrote a string at a
+// limiter's key (a flat state, one part per rate, or a marker) as the
+// library does: ls lists it under the one algorithm whose handle reads it
+// without refusing it (ErrNotInitialized: a string, no config), and lists
+// nothing when every handle refuses it; get agrees. The command used to
+// read flat states with patterns of its own, which took "1,2,3", ";",
+// "1 2;3" and "1:2;3" for no algorithm's where the scripts see a funnel's,
+// a fixed window's and a sliding window's (corrupt ones, which a decision
+// then refuses), and "funnel:1893456000000000" for a funnel's, which the
+// scripts refuse outright.
+func TestStringOwner(t *testing.T) {
+	ctx := context.Background()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := server{[]string{"--redis", "redis://" + m.Addr()}, rdb, false}
 	for value, want := range map[string]string{
 		"1700000000000000": "funnel", "1700000000000000;1700000000600000": "funnel", ";1700000000600000": "funnel",
-		"1700000000000000,2": "funnel", "1700000000000000,2;1700000000600000": "funnel", "1,2,3": "",
-		"1700000000000000,0,1": "funnel", "1700000000000000,2,1;1700000000600000": "funnel", "1,2,1,1": "", // a charge's debt
+		"1700000000000000,2": "funnel", "1700000000000000,2;1700000000600000": "funnel", "1,2,3": "funnel",
+		"1700000000000000,0,1": "funnel", "1700000000000000,2,1;1700000000600000": "funnel", "1,2,1,1": "funnel", // a charge's debt
 		"1699999200000 3": "fixed_window", "1699999200000 5;1699999200000 1": "fixed_window",
 		"1699999200000:3,1000:2": "sliding_window", "1699999200000:3;": "sliding_window",
-		"": "", ";": "", "x": "", "1 2;3": "", "1;2 3": "", "1:2;3": "", "1;x": "",
+		"": "", ";": "funnel", "x": "", "1 2;3": "fixed_window", "1;2 3": "fixed_window", "1:2;3": "sliding_window", "1;x": "",
+		"tokenbucket": "tokenbucket", "funnel": "funnel", "sliding_window": "sliding_window", "fixed_window": "fixed_window",
+		"funnel:1893456000000000": "", "tokenbucket2": "",
 	} {
-		if got := flatAlgorithm(value); got != want {
-			t.Errorf("flatAlgorithm(%q) = %q, want %q", value, got, want)
+		prefix := newPrefix()
+		rdb.Set(ctx, prefix+"{x}", value, 0)
+		library := ""
+		for _, alg := range algorithms {
+			_, err := alg.limiter(redlimit.New(rdb, redlimit.WithPrefix(prefix)), "x").Config(ctx)
+			if errors.Is(err, redlimit.ErrNotInitialized) {
+				if library != "" {
+					t.Errorf("%q: both %s and %s read it", value, library, alg.name)
+				}
+				library = alg.name
+			}
+		}
+		if library != want {
+			t.Errorf("%q: the library reads it as %q's, want %q", value, library, want)
+		}
+		if got := s.ls(t, prefix)["x"].Algorithm; got != library {
+			t.Errorf("%q: ls lists it as %q's, the library reads it as %q's", value, got, library)
+		}
+		code, stdout, stderr := s.command(t, prefix, "get", "--json", "x")
+		var rep limiterReport
+		_ = json.Unmarshal([]byte(stdout), &rep)
+		if library == "" && (code != exitFail || !strings.Contains(stderr, "is a string, not a limiter's hash or flat state")) ||
+			library != "" && (code != exitOK || rep.Algorithm != library) {
+			t.Errorf("%q: get: exit %d, algorithm %q\n%s", value, code, rep.Algorithm, stderr)
 		}
 	}
 }
@@ -972,7 +1055,7 @@ func TestGetNextPermit(t *testing.T) {
 // they have: the issue's `ls --prefix pc:` printed nothing for 10 of them.
 // Each algorithm Overall (a flat state, or the token bucket's :value) and
 // PerClient (the :clients registry); a marker (a string naming the
-// algorithm) and a flat state tagged with it, as the scripts may write them;
+// algorithm) and a flat state, as the scripts write them;
 // a registry whose clients are all full again is counted, not listed.
 func TestLsDefaults(t *testing.T) {
 	ctx := context.Background()
@@ -1000,7 +1083,10 @@ func TestLsDefaults(t *testing.T) {
 			}
 		}
 		s.rdb.Set(ctx, prefix+"{pc:8}", "sliding_window", time.Hour)
-		s.rdb.Set(ctx, prefix+"{pc:9}", "funnel:1893456000000000", time.Hour)
+		s.rdb.Set(ctx, prefix+"{pc:9}", "1893456000000000", time.Hour)
+		// A flat state tagged with its algorithm's name is no algorithm's:
+		// the scripts refuse it (TestStringOwner).
+		s.rdb.Set(ctx, prefix+"{pc:tagged}", "funnel:1893456000000000", time.Hour)
 		want["pc:8"], want["pc:9"] = "sliding_window", "funnel"
 		s.rdb.ZAdd(ctx, prefix+"{gone}:clients", redis.Z{Score: 1, Member: "bob"})
 
@@ -1103,8 +1189,7 @@ func TestInFlightAdmin(t *testing.T) {
 
 		// ls lists both: one by its hash, one by its holds alone.
 		listed := s.must(t, prefix, "ls")
-		lines := strings.Split(strings.TrimSuffix(listed, "\n"), "\n")
-		slices.Sort(lines) // SCAN's order
+		lines := strings.Split(strings.TrimSuffix(listed, "\n"), "\n") // by name
 		wantLines := []string{
 			"jobs                      inflight        3 in flight, TTL 1h0m0s; 2 held",
 			"reports                   inflight        none stored (runs on its handles' default); 1 held",

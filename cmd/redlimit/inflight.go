@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // In-flight limits (redlimit.InFlight) in the admin commands: at most Limit
@@ -22,7 +23,7 @@ import (
 // through the library, but ls's reading of the hash.
 
 // inFlightAlgorithm is the algorithm field of an in-flight limit's hash.
-const inFlightAlgorithm = "inflight"
+const inFlightAlgorithm = wire.InFlightAlgorithm
 
 // inFlightFlags are set's flags for an in-flight limit.
 type inFlightFlags struct {
@@ -72,8 +73,8 @@ func (a *admin) setInFlight(ctx context.Context, name string, flags inFlightFlag
 		return code
 	}
 	defer a.close()
-	held, err := a.locate(ctx, name)
-	switch {
+	at, err := a.locate(ctx, name)
+	switch held := at.algorithm; {
 	case err != nil:
 		return a.fail(err)
 	case held != "" && held != inFlightAlgorithm:
@@ -191,25 +192,25 @@ func heldOf(held int, cfg *inFlightJSON) string {
 	return fmt.Sprintf("%d of %d; none free", held, cfg.Limit)
 }
 
-// storedInFlight reads an in-flight limit's config from the fields HMGET
-// returned (hashFields' order), as scripts/inflight.lua checks them before
-// every call: both present, whole numbers, within the library's bounds.
-func storedInFlight(f []any, name string) (*inFlightJSON, error) {
+// storedInFlight reads an in-flight limit's config from its hash's fields,
+// as scripts/inflight.lua checks them before every call: both present,
+// whole numbers, within the library's bounds.
+func storedInFlight(h hashFields, name string) (*inFlightJSON, error) {
 	var n [2]int64
-	for i, field := range []int{fieldLimit, fieldTTL} {
-		s, ok := f[field].(string)
+	for i, field := range []string{wire.FieldLimit, wire.FieldTTL} {
+		s, ok := h[field]
 		if !ok {
-			return nil, fmt.Errorf("field %s missing", hashFields[field])
+			return nil, fmt.Errorf("field %s missing", field)
 		}
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("field %s = %q", hashFields[field], s)
+			return nil, fmt.Errorf("field %s = %q", field, s)
 		}
 		n[i] = v
 	}
 	cfg := redlimit.InFlightConfig{Limit: n[0], TTL: time.Duration(n[1]) * time.Millisecond}
 	if err := redlimit.New(nil).InFlight(name).Validate(cfg); err != nil {
-		return nil, fmt.Errorf("fields limit = %d, ttl = %d: %s", n[0], n[1], strings.TrimPrefix(err.Error(), "redlimit: "))
+		return nil, fmt.Errorf("fields %s = %d, %s = %d: %s", wire.FieldLimit, n[0], wire.FieldTTL, n[1], strings.TrimPrefix(err.Error(), "redlimit: "))
 	}
 	return toInFlightJSON(cfg), nil
 }

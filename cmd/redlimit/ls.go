@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit"
+	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // ls lists the limiters in Redis: those with a key at prefix{name}, a hash
@@ -44,6 +45,7 @@ to list.
 	redlimit ls --redis redis://localhost:6379 --prefix svc: 'user:*'
 `, true, stdout, stderr)
 	count := a.fs.Int64("count", 1000, "SCAN's COUNT: keys Redis looks at per call")
+	scanOrder := a.fs.Bool("scan-order", false, "print each batch as SCAN returns it, unsorted: the first lines come at once however many keys there are")
 	pos, code, ok := a.parse(args)
 	if !ok {
 		return code
@@ -62,7 +64,8 @@ to list.
 		return code
 	}
 	defer a.close()
-	out := &lsOutput{w: bufio.NewWriter(stdout), json: a.json}
+	out := &lsOutput{w: bufio.NewWriter(stdout), json: a.json, scanOrder: *scanOrder}
+	defer out.discard()
 	passes := lsPasses(a.prefix, pattern)
 	scan := func(ctx context.Context, node redis.Cmdable) error {
 		return a.scan(ctx, node, passes, *count, out)
@@ -77,6 +80,9 @@ to list.
 	} else {
 		err = scan(ctx, a.rdb)
 	}
+	if err == nil {
+		err = out.finish()
+	}
 	if err != nil {
 		return a.fail(err)
 	}
@@ -86,11 +92,15 @@ to list.
 	return exitOK
 }
 
-// lsOutput is shared by the scans of a Cluster's primaries.
+// lsOutput is shared by the scans of a Cluster's primaries. It prints the
+// limiters by name (byte order: the same whatever the nodes and their SCAN
+// order), or with scanOrder as they come.
 type lsOutput struct {
-	mu   sync.Mutex
-	w    *bufio.Writer
-	json bool
+	mu        sync.Mutex
+	w         *bufio.Writer
+	json      bool
+	scanOrder bool
+	sorter    lineSorter
 	// unknown counts the names seen with only a PerClient registry: no
 	// config stored, no client's state left (every one full again), so
 	// nothing tells the algorithm.
@@ -112,6 +122,9 @@ type lsLine struct {
 	// Corrupt says why a stored config could not be read; the limiter's
 	// calls fail with ErrCorruptState.
 	Corrupt string `json:"corrupt,omitempty"`
+	// Shadow: the stored config is in shadow mode (redlimit shadow);
+	// absent when it is not.
+	Shadow bool `json:"shadow,omitempty"`
 }
 
 // The keys ls reads: a limiter's own key (prefix{name}: its hash, or a
@@ -134,7 +147,7 @@ const (
 var stateKeys = []struct {
 	kind   keyKind
 	suffix string
-}{{valueKey, "value"}, {clientsKey, "clients"}, {holdersKey, "holders"}}
+}{{valueKey, wire.TokenBucket.State[0]}, {clientsKey, wire.SuffixClients}, {holdersKey, wire.SuffixHolders}}
 
 // lsPass is one SCAN over the keyspace: a MATCH and the kinds of key it is
 // for. Without a PATTERN, prefix* (or *) covers every kind in one pass; a
@@ -151,7 +164,7 @@ func lsPasses(prefix, pattern string) []lsPass {
 	}
 	passes := []lsPass{{own, ownKey}}
 	for _, k := range stateKeys {
-		passes = append(passes, lsPass{keyOf(own, k.suffix), k.kind})
+		passes = append(passes, lsPass{wire.KeyOf(own, k.suffix), k.kind})
 	}
 	return passes
 }
@@ -188,7 +201,7 @@ type candidate struct {
 	first      *redis.StringSliceCmd
 	fields     *redis.SliceCmd  // a hash's
 	value      *redis.StringCmd // a string's
-	state      []*redis.IntCmd  // a registry's first client: EXISTS of each algorithm's state key
+	state      []*redis.IntCmd  // a registry's first client: EXISTS of each algorithm's state keys (wire.Algorithms' order)
 }
 
 // describe reads the keys of one SCAN call that may tell a limiter, in two
@@ -221,12 +234,12 @@ func (a *admin) describe(ctx context.Context, keys []string, kinds keyKind, out 
 	for _, c := range batch {
 		switch {
 		case c.typ != nil && c.typ.Val() == "hash":
-			c.fields = pipe.HMGet(ctx, c.key, hashFields...)
+			c.fields = pipe.HMGet(ctx, c.key, ownKeyFields...)
 		case c.typ != nil && c.typ.Val() == "string":
 			c.value = pipe.Get(ctx, c.key)
 		case c.first != nil && c.exists.Val() == 0 && len(c.first.Val()) == 1:
-			for _, s := range perClientState {
-				c.state = append(c.state, pipe.Exists(ctx, keyOf(c.full, s.suffix+":"+c.first.Val()[0])))
+			for _, alg := range wire.Algorithms {
+				c.state = append(c.state, pipe.Exists(ctx, alg.StateKeys(c.full, c.first.Val()[0])...))
 			}
 		}
 	}
@@ -254,12 +267,17 @@ func (a *admin) describe(ctx context.Context, keys []string, kinds keyKind, out 
 	for i, line := range lines {
 		switch c := batch[i]; {
 		case line.Algorithm != "":
-			out.print(line)
+			if err := out.add(line); err != nil {
+				return err
+			}
 		case c.kind == clientsKey && c.exists.Val() == 0:
 			out.unknown++
 		}
 	}
-	return out.w.Flush()
+	if out.scanOrder {
+		return out.w.Flush()
+	}
+	return nil
 }
 
 // countHolds sets an in-flight limit's Held, as the library counts its live
@@ -286,7 +304,7 @@ func (a *admin) countHolds(ctx context.Context, line *lsLine) error {
 // when key cannot tell a limiter.
 func (a *admin) candidate(key string, kinds keyKind) *candidate {
 	if kinds&ownKey != 0 {
-		if name, ok := a.nameOf(key); ok {
+		if name, ok := wire.NameOf(a.prefix, key); ok {
 			return &candidate{name: name, full: key, key: key, kind: ownKey}
 		}
 	}
@@ -294,27 +312,15 @@ func (a *admin) candidate(key string, kinds keyKind) *candidate {
 		if kinds&k.kind == 0 {
 			continue
 		}
-		full, ok := ownerOf(key, k.suffix)
+		full, ok := wire.LimiterKey(key, k.suffix)
 		if !ok {
 			continue
 		}
-		if name, ok := a.nameOf(full); ok {
+		if name, ok := wire.NameOf(a.prefix, full); ok {
 			return &candidate{name: name, full: full, key: key, kind: k.kind}
 		}
 	}
 	return nil
-}
-
-// ownerOf returns the limiter key whose suffix key is key (keyOf's inverse).
-func ownerOf(key, suffix string) (string, bool) {
-	base, ok := strings.CutSuffix(key, ":"+suffix)
-	if !ok {
-		return "", false
-	}
-	if inner, ok := strings.CutPrefix(base, "{"); ok && strings.HasSuffix(inner, "}") && keyOf(inner[:len(inner)-1], suffix) == key {
-		return inner[:len(inner)-1], true
-	}
-	return base, keyOf(base, suffix) == key
 }
 
 // line says what c found; no Algorithm when it is no limiter's, or one
@@ -323,7 +329,7 @@ func (c *candidate) line() (lsLine, error) {
 	line := lsLine{Name: c.name, Key: c.full}
 	switch {
 	case c.value != nil:
-		line.Algorithm = stringAlgorithm(c.value.Val())
+		line.Algorithm = wire.OwnerOf(c.value.Val())
 	case c.fields != nil:
 		f, err := c.fields.Result()
 		if isWrongType(err) || err == redis.Nil {
@@ -332,18 +338,20 @@ func (c *candidate) line() (lsLine, error) {
 		if err != nil {
 			return lsLine{}, err
 		}
-		alg, stored := classify(f)
+		h := readFields(f)
+		alg, stored := h.owner()
 		line.Algorithm = alg
 		switch {
 		case alg == inFlightAlgorithm:
-			cfg, err := storedInFlight(f, c.name)
+			cfg, err := storedInFlight(h, c.name)
 			if err != nil {
 				line.Corrupt = err.Error()
 			} else {
 				line.InFlight = cfg
 			}
 		case alg != "" && stored:
-			cfg, err := storedConfig(f)
+			line.Shadow = h.shadow()
+			cfg, err := storedConfig(h)
 			if err != nil {
 				line.Corrupt = err.Error()
 			} else {
@@ -351,13 +359,13 @@ func (c *candidate) line() (lsLine, error) {
 			}
 		}
 	case c.kind == valueKey && c.exists.Val() == 0:
-		line.Algorithm = "tokenbucket" // Overall, on a default
+		line.Algorithm = wire.TokenBucket.Name // Overall, on a default
 	case c.kind == holdersKey && c.exists.Val() == 0:
 		line.Algorithm = inFlightAlgorithm // on a default
 	case c.state != nil:
 		for i, n := range c.state {
 			if n.Val() > 0 {
-				line.Algorithm = perClientState[i].algorithm
+				line.Algorithm = wire.Algorithms[i].Name
 				break
 			}
 		}
@@ -365,11 +373,31 @@ func (c *candidate) line() (lsLine, error) {
 	return line, nil
 }
 
-func (o *lsOutput) print(l lsLine) {
+// add prints l, or keeps it for finish to print in order.
+func (o *lsOutput) add(l lsLine) error {
+	if o.scanOrder {
+		_, err := o.w.WriteString(o.format(l))
+		return err
+	}
+	return o.sorter.add(l.Name, o.format(l))
+}
+
+// finish prints the lines kept, by name.
+func (o *lsOutput) finish() error {
+	if o.scanOrder {
+		return o.w.Flush()
+	}
+	return o.sorter.write(o.w)
+}
+
+// discard removes what the sorter spilled, printed or not.
+func (o *lsOutput) discard() { o.sorter.close() }
+
+// format is l's line, with its newline.
+func (o *lsOutput) format(l lsLine) string {
 	if o.json {
 		b, _ := json.Marshal(l) // plain strings and integers: cannot fail
-		o.w.Write(append(b, '\n'))
-		return
+		return string(b) + "\n"
 	}
 	about := "none stored (runs on its handles' default)"
 	switch {
@@ -383,49 +411,53 @@ func (o *lsOutput) print(l lsLine) {
 	if l.Held != nil {
 		about += fmt.Sprintf("; %d held", *l.Held)
 	}
-	// Fixed widths, not a tabwriter: that would hold every line until the end.
-	fmt.Fprintf(o.w, "%-24s  %-14s  %s\n", l.Name, l.Algorithm, about)
+	if l.Shadow {
+		about += "; shadow mode"
+	}
+	// Fixed widths, not a tabwriter: with --scan-order that would hold
+	// every line until the end.
+	return fmt.Sprintf("%-24s  %-14s  %s\n", l.Name, l.Algorithm, about)
 }
 
-// storedConfig reads the config fields HMGET returned (hashFields' order).
-// The scripts check them the same way before every decision.
-func storedConfig(f []any) (redlimit.Config, error) {
+// storedConfig reads a stored config from its hash's fields (the layout's:
+// internal/wire). The scripts check them the same way before every decision.
+func storedConfig(h hashFields) (redlimit.Config, error) {
 	var n [6]int64
-	for i := range n {
-		s, ok := f[i].(string)
+	for i, field := range []string{wire.FieldRate, wire.FieldInterval, wire.FieldType, wire.FieldBurst, wire.FieldBuckets, wire.FieldKeepAlive} {
+		s, ok := h[field]
 		if !ok {
 			if i < 2 {
-				return redlimit.Config{}, fmt.Errorf("field %s missing", hashFields[i])
+				return redlimit.Config{}, fmt.Errorf("field %s missing", field)
 			}
 			continue // type, burst, buckets, keepAliveTime: optional
 		}
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || v < 0 {
-			return redlimit.Config{}, fmt.Errorf("field %s = %q", hashFields[i], s)
+			return redlimit.Config{}, fmt.Errorf("field %s = %q", field, s)
 		}
 		n[i] = v
 	}
 	cfg := redlimit.Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: redlimit.RateType(n[2]),
 		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond}
-	more, _ := f[fieldMore].(string)
+	more := h[wire.FieldMore]
 	// Four integers a rate: rate, interval in ms, burst, buckets.
 	fields := strings.Fields(more)
 	if len(fields)%4 != 0 {
-		return redlimit.Config{}, fmt.Errorf("field more = %q", more)
+		return redlimit.Config{}, fmt.Errorf("field %s = %q", wire.FieldMore, more)
 	}
 	for i := 0; i < len(fields); i += 4 {
 		var r [4]int64
 		for j := range r {
 			v, err := strconv.ParseInt(fields[i+j], 10, 64)
 			if err != nil || v < 0 {
-				return redlimit.Config{}, fmt.Errorf("field more = %q", more)
+				return redlimit.Config{}, fmt.Errorf("field %s = %q", wire.FieldMore, more)
 			}
 			r[j] = v
 		}
 		cfg.More = append(cfg.More, redlimit.Config{Rate: r[0], Interval: time.Duration(r[1]) * time.Millisecond, Burst: r[2], Buckets: int(r[3])})
 	}
 	// The calendar rates: "place=spec", place 1 for the config's own rate.
-	calendars, _ := f[fieldCalendar].(string)
+	calendars := h[wire.FieldCalendar]
 	for item := range strings.SplitSeq(calendars, ",") {
 		if item == "" {
 			continue
@@ -438,7 +470,7 @@ func storedConfig(f []any) (redlimit.Config, error) {
 		}
 		switch {
 		case err != nil || i < 1 || i > 1+len(cfg.More):
-			return redlimit.Config{}, fmt.Errorf("field calendar = %q", calendars)
+			return redlimit.Config{}, fmt.Errorf("field %s = %q", wire.FieldCalendar, calendars)
 		case i == 1:
 			cfg.Calendar = cal
 		default:
@@ -448,76 +480,15 @@ func storedConfig(f []any) (redlimit.Config, error) {
 	return cfg, nil
 }
 
-// nameOf returns the name of the limiter whose hash is key, or false when
-// key cannot be one: outside the prefix, or another key of a limiter
-// (prefix{name}:suffix: a PerClient hash such as :tat:<client> looks like a
-// funnel's).
-func (a *admin) nameOf(key string) (string, bool) {
-	rest, ok := strings.CutPrefix(key, a.prefix)
-	if !ok || rest == "" || isSuffixKey(key) {
-		return "", false
-	}
-	// prefix{name} names name; a name that holds a tag keeps it as it is.
-	if inner, ok := strings.CutPrefix(rest, "{"); ok && strings.HasSuffix(inner, "}") {
-		if name := inner[:len(inner)-1]; fullName(a.prefix, name) == key {
-			return name, true
-		}
-	}
-	return rest, fullName(a.prefix, rest) == key
-}
-
-// fullName is the key of a limiter's hash, as Limiter.Name returns it (the
-// README's "Keys in Redis"; TestLs checks the two agree), without making a
-// handle per key SCAN returns.
-func fullName(prefix, name string) string {
-	if prefix == "" || strings.Contains(prefix, "{") || strings.Contains(name, "{") {
-		return prefix + name
-	}
-	return prefix + "{" + name + "}"
-}
-
-// suffixes are the words a limiter's other keys add after its name
-// ("Keys in Redis" in the README).
-var suffixes = []string{"value", "permits", "grants", "clients", "requests", "tat", "window", "buckets", "holders"}
-
-// isSuffixKey reports whether key is name:suffix for a name with a hash tag:
-// after the tag, a ':' and one of the suffix words, alone or before a ':'.
-func isSuffixKey(key string) bool {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return false
-	}
-	closing := strings.IndexByte(key[open:], '}')
-	if closing < 0 {
-		return false
-	}
-	rest := key[open+closing+1:]
-	for i := 0; i < len(rest); i++ {
-		if rest[i] != ':' {
-			continue
-		}
-		for _, s := range suffixes {
-			if after, ok := strings.CutPrefix(rest[i+1:], s); ok && (after == "" || after[0] == ':') {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// matchPattern is SCAN's MATCH for limiter names matching pattern: under a
-// prefix, prefix{pattern}, as the library names them. A name that holds a
-// tag of its own keeps it, so such names are found without a pattern, or
-// with a pattern that has the tag.
+// matchPattern is SCAN's MATCH for limiter names matching pattern: named
+// as the library names them (wire.FullName), prefix{pattern} under a
+// prefix. A name that holds a tag of its own keeps it, so such names are
+// found without a pattern, or with a pattern that has the tag.
 func matchPattern(prefix, pattern string) string {
-	p := globEscape(prefix)
-	switch {
-	case pattern == "":
-		return p + "*"
-	case prefix == "" || strings.Contains(prefix+pattern, "{"):
-		return p + pattern
+	if pattern == "" {
+		return globEscape(prefix) + "*"
 	}
-	return p + "{" + pattern + "}"
+	return wire.FullName(globEscape(prefix), pattern)
 }
 
 // globEscape makes s match itself in a Redis glob.

@@ -1,8 +1,9 @@
 // Command redlimit shows the redlimit library at work: service instances
 // sharing one limit through Redis (demo), redis-cell's CL.THROTTLE without the
 // module (throttle), and the four algorithms side by side (compare). Its
-// admin commands (ls, get, set, reset, delete, expire) inspect and change the
-// limiters in a real Redis: rate limiters, and in-flight limits (InFlight).
+// admin commands (ls, get, set, reset, delete, expire, shadow) inspect and
+// change the limiters in a real Redis: rate limiters, and in-flight limits
+// (InFlight).
 //
 // The demonstrations run on an embedded Redis (miniredis) unless --redis,
 // --cluster or --sentinel names a real one, so they need nothing but Go:
@@ -46,21 +47,28 @@ Usage:
 Admin commands, against a real Redis (--redis, --cluster or --sentinel):
 
 	redlimit ls [flags] [PATTERN]        the limiters, one line each
-	redlimit get [flags] NAME            a limiter's config, usage and TTL;
+	redlimit get [flags] NAME            a limiter's config, usage and TTL, or,
+	                                     on a default, what Redis holds for it;
 	                                     an in-flight limit's holders
 	redlimit set NAME --rate N --per D   store a rate (SetRate; --and adds more)
 	redlimit set NAME --limit N --ttl D  store an in-flight limit (SetLimit)
-	redlimit reset NAME                  forget usage, keep the config
+	redlimit reset NAME                  forget usage (or drop holds), keep the config
 	redlimit delete NAME [--yes]         remove every key of the limiter
 	redlimit expire NAME DURATION        have the limiter's keys expire
+	redlimit shadow NAME on|off          shadow mode: count every decision,
+	                                     grant every request (SetShadow)
 
-reset and expire are for rate limiters: an in-flight limit's holds end when
-released or when their TTL passes.
+reset takes both kinds: a rate limiter forgets every client's usage, an
+in-flight limit drops every hold (InFlight.Reset); both keep their config.
+expire is for rate limiters only: an in-flight limit's config never
+expires, and each hold expires by itself (exit 1). shadow is kept with a
+stored config: a limiter on its handles' default has none (exit 1).
 
 Without --redis, --cluster or --sentinel, demo, throttle and compare run on an
 embedded Redis (miniredis). Run "redlimit COMMAND -h" for a command's flags.
 Exit status: 0 ok, 1 the command failed (Redis unavailable...), 2 a bad
-command line, 3 no such limiter (admin commands).
+command line, 3 no such limiter (admin commands): for get, the name has no
+key at all, which is also what an idle limiter on a default looks like.
 `
 
 func main() {
@@ -97,6 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"reset":    reset,
 		"delete":   deleteLimiter,
 		"expire":   expire,
+		"shadow":   shadow,
 	}
 	switch cmd := args[0]; {
 	case cmd == "-h" || cmd == "-help" || cmd == "--help" || cmd == "help":
