@@ -79,7 +79,7 @@ func Assemble(files fs.FS) Scripts {
 	decide := paste(read("decide.lua"), map[string]string{
 		"state_fields": wire.LuaStateFields(),
 		"modules":      modules.String(),
-		"common":  paste(lean, map[string]string{"lean_prelude": "", "lean_call": ""}),
+		"common":       paste(lean, map[string]string{"lean_prelude": "", "lean_call": ""}),
 	})
 	scripts := Scripts{
 		Decide:   New("decide", Banner+header+inline(decide)),
