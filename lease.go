@@ -441,3 +441,11 @@ func (l *Limiter) refund(ctx context.Context, b block) error {
 	l.forget()
 	return nil
 }
+
+// forgetDenial ends the handle's local denial (see deniedUntil), after a
+// local change that may free permits sooner than it says.
+func (s *lease) forgetDenial() {
+	s.mu.Lock()
+	s.deniedUntil = time.Time{}
+	s.mu.Unlock()
+}

@@ -141,3 +141,15 @@ func (d *denials) forget(key string) {
 	limiter, _ := splitDenialKey(key)
 	d.m.Delete(limiter)
 }
+
+// setDenial names the way Redis decides the handle's requests, for the
+// cache of denials: the limiter (algorithm and name, and the client for a
+// handle AsClient made) and the config the scripts are given.
+func (l *Limiter) setDenial() {
+	limiter := l.alg.Name + ":" + l.name
+	if id, _ := l.clientID.(string); id != l.client.clientID {
+		limiter += " as " + id
+	}
+	config, _ := l.config.(string)
+	l.denial = denialKey(limiter, config)
+}

@@ -98,23 +98,9 @@ func (l *Limiter) forget() {
 	if l.client.denials != nil && l.err == nil {
 		l.client.denials.forget(l.denial)
 	}
-	if s := l.lease; s != nil {
-		s.mu.Lock()
-		s.deniedUntil = time.Time{}
-		s.mu.Unlock()
+	if l.lease != nil {
+		l.lease.forgetDenial()
 	}
-}
-
-// setDenial names the way Redis decides the handle's requests, for the
-// cache of denials: the limiter (algorithm and name, and the client for a
-// handle AsClient made) and the config the scripts are given.
-func (l *Limiter) setDenial() {
-	limiter := l.alg.Name + ":" + l.name
-	if id, _ := l.clientID.(string); id != l.client.clientID {
-		limiter += " as " + id
-	}
-	config, _ := l.config.(string)
-	l.denial = denialKey(limiter, config)
 }
 
 // request is one decision request (wire.Op*): what its arguments say

@@ -7,10 +7,10 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -160,192 +160,522 @@ func isNoScript(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
-// namingCommand adds to an ACL refusal the command refused, where Redis
-// names only the script's line (7.0 and 6.2; 7.2 and later name the
-// command): the command on that line, or on the two before it, where a
-// pcall's error is raised. A refusal met inside a helper that takes the
-// command as an argument stays as Redis said it (its ACL LOG names it).
-func (s *Script) namingCommand(raw, err error) error {
-	if !errors.Is(err, wire.ErrMisconfigured) || strings.Contains(err.Error(), "may not run") {
-		return err
-	}
-	if line, command := s.commandAt(raw.Error()); command != "" {
-		return fmt.Errorf("%w (the script's line %d runs %s: the ACL user may not run it)", err, line, command)
-	}
-	return err
-}
-
-// replyKind is the sentinel for an error reply of Redis, by its kind: the
-// one place that says which replies are outages, which a refusal only an
-// operator can fix, and which a key holding what the scripts never write.
-//   - ErrMisconfigured (misconfiguredReply): NOPERM, NOAUTH, an ACL refusal
-//     inside a script, an unknown command...; never failed open.
-//   - ErrCorruptState: WRONGTYPE, a key of the limiter holding another type.
-//   - ErrUnavailable: anything else (LOADING, OOM, BUSY, READONLY, MASTERDOWN,
-//     NOSCRIPT still...), which a retry or a wait can cure.
-func replyKind(msg string) error {
-	switch {
-	case misconfiguredReply(msg):
-		return wire.ErrMisconfigured
-	case strings.HasPrefix(msg, "WRONGTYPE"):
-		return wire.ErrCorruptState
-	}
-	return wire.ErrUnavailable
-}
-
-// misconfiguredReply reports whether Redis refused the call for a reason
-// only its operator can fix: an ACL that does not cover the limiter's keys or
-// commands, a wrong or missing password, a disabled or renamed command (a
-// managed Redis without scripting), a database that does not exist.
-func misconfiguredReply(msg string) bool {
-	// CROSSSLOT: a limiter's keys in several Cluster slots, which only a
-	// name can cause ('}' without '{'), and no wait cures.
-	for _, prefix := range []string{"NOPERM", "NOAUTH", "WRONGPASS", "ERR unknown command", "ERR unknown subcommand", "ERR DB index is out of range", "CROSSSLOT"} {
-		if strings.HasPrefix(msg, prefix) {
-			return true
-		}
-	}
-	// ACL refusals raised inside a script: Redis 7.0 says "The user executing
-	// the script can't …", 7.2 and later "ACL failure in script: …".
-	return strings.Contains(msg, "The user executing the script can't") || strings.Contains(msg, "ACL failure in script")
-}
-
-// Classify maps an error of a call on keys to the package's sentinels.
+// Group commit. Most of a decision's cost, in Redis and in the client, is
+// the script call around it, not the algorithm: so while a decision's call
+// is in flight, the decisions that arrive on the same Transport wait for
+// it, and then go out together, in one EVALSHA of the decision script, which
+// decides each as it would alone, in the order they came. A lone caller goes
+// out at once: there is no timer and no added wait. Each caller gets its own
+// reply or error, and a caller whose context ends while it waits leaves its
+// batch.
 //
-// Redis answered with an error: replyKind says what it is, or, for the
-// scripts' own "REDLIMIT <kind> <detail>" (internal/wire's kinds), the
-// kind's. A script that met an error of Redis on one of its keys reports it
-// as "corrupt <key>: <the error>"; that error is classed by replyKind too,
-// so that a full Redis (OOM) is an outage and an ACL refusal a
-// misconfiguration wherever the script met it, not corrupt state.
-//
-// Redis did not answer: the caller's own cancellation is not an outage, and
-// the error wraps context.Canceled and the cause only; anything else
-// (unreachable, timed out, a deadline that passed first) is ErrUnavailable
-// with the cause, and the context's error if it ended, so that errors.Is
-// finds each and WithFailOpen applies.
-func Classify(ctx context.Context, err error, keys []any) error {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		ctxErr := ctx.Err()
-		switch {
-		case errors.Is(ctxErr, context.Canceled) && errors.Is(err, ctxErr):
-			return fmt.Errorf("redlimit: %w", err)
-		case errors.Is(ctxErr, context.Canceled):
-			return fmt.Errorf("redlimit: %w: %w", ctxErr, err)
-		case ctxErr != nil && !errors.Is(err, ctxErr):
-			return fmt.Errorf("%w: %w: %w", wire.ErrUnavailable, ctxErr, err)
-		}
-		return fmt.Errorf("%w: %w", wire.ErrUnavailable, err)
+// Only requests whose keys live together can share a call: on a single
+// server (Client, FailoverClient) any; on a Cluster, those of one hash slot.
+// Other clients (Ring, AutoPipeliner, wrappers) send each decision alone.
+
+// batchCalls is how many script calls of one group may be in flight at
+// once: one being decided while the next crosses the network keeps Redis
+// busy, and more only split the waiting callers into smaller batches.
+const batchCalls = 2
+
+// batchSize bounds the decisions in one call, and so how long one script
+// holds Redis (a token bucket's decision is the slowest, tens of µs).
+const batchSize = 64
+
+// Request is one decision: its algorithm and op (boxed once by the caller:
+// converting a string to an interface on every call would allocate), and
+// its keys and arguments as internal/wire lays them out. Lean, if not nil,
+// is the lean script of its algorithm, which a request sent alone runs: the
+// common decision, which answers wire.ReplyFullScript for anything else.
+type Request struct {
+	Algorithm, Op any
+	Keys, Args    []any
+	Lean          *Script
+}
+
+// batcher queues the decisions of one group (see batches.of) while its
+// calls are in flight.
+type batcher struct {
+	mu       sync.Mutex
+	inflight int
+	queue    []*pending
+	sizes    batchSizes
+}
+
+// pending is one decision waiting for its batch. The batcher's lock guards
+// its fields while it is queued; once taken into a batch, the batch's
+// sender sets reply and err, and wake hands them to the caller.
+type pending struct {
+	ctx    context.Context
+	req    Request
+	queued bool // still in the queue: may leave it
+	alone  bool // a batch of one: the caller sends it
+	reply  any
+	err    error
+	wake   chan struct{} // alone or reply set
+}
+
+// batchSizes counts the batches sent and the decisions they held, for tests
+// and benchmarks to see batches form.
+type batchSizes struct {
+	calls, decisions atomic.Int64
+}
+
+// batches is a Transport's batchers: how its requests may share a call.
+type batches struct {
+	off    bool    // every decision alone
+	single bool    // one server: every request shares one batcher, all
+	all    batcher // single's
+	slots  *slots  // a Cluster's: one batcher per hash slot
+}
+
+// route sets how requests through rdb may share a call.
+func (b *batches) route(rdb redis.Scripter, off bool) {
+	b.off = off
+	switch rdb.(type) {
+	case *redis.Client:
+		b.single = true
+	case *redis.ClusterClient:
+		b.slots = new(slots)
 	}
-	// Redis answers "ERR REDLIMIT … script: <sha>, on @user_script:<line>.",
-	// miniredis "ERR Error compiling script (new function): REDLIMIT … stack traceback: …".
-	_, detail, ours := strings.Cut(rerr.Error(), wire.ErrorPrefix)
-	if !ours {
-		return fmt.Errorf("%w: %w", replyKind(rerr.Error()), err)
-	}
-	detail = withoutTrailer(detail)
+}
+
+// of returns the batcher for requests on keys, or nil when they go alone.
+func (b *batches) of(keys []any) *batcher {
 	switch {
-	case strings.HasPrefix(detail, wire.KindNotInitialized+" "):
-		return fmt.Errorf("%w: %s holds no config and the handle has no default (WithDefault)",
-			wire.ErrNotInitialized, strings.TrimPrefix(detail, wire.KindNotInitialized+" "))
-	case strings.HasPrefix(detail, wire.KindAlgorithm+" "):
-		return fmt.Errorf("%w: %s; Delete it to use the name with another algorithm", wire.ErrAlgorithmMismatch,
-			strings.TrimPrefix(detail, wire.KindAlgorithm+" "))
-	case strings.HasPrefix(detail, wire.KindClock+" "):
-		return fmt.Errorf("%w: Redis's %s", wire.ErrClockSkew, detail)
-	case strings.HasPrefix(detail, wire.KindPermits+" "):
-		return fmt.Errorf("%w: %s (nothing was written)", wire.ErrInvalidPermits, strings.TrimPrefix(detail, wire.KindPermits+" "))
+	case b.off:
+		return nil
+	case b.single:
+		return &b.all
+	case b.slots != nil:
+		key, _ := keys[0].(string)
+		return b.slots.of(ClusterSlot(key))
 	}
-	// "corrupt <key>: <what>", where what may be an error of Redis.
-	detail = strings.TrimPrefix(detail, wire.KindCorrupt+" ")
-	if key, reply, ok := keyReply(detail, keys); ok {
-		switch replyKind(reply) {
-		case wire.ErrUnavailable:
-			return fmt.Errorf("%w: %w (on %s)", wire.ErrUnavailable, ReplyError(reply), key)
-		case wire.ErrMisconfigured:
-			return misconfigured(key, reply)
-		}
-	}
-	return fmt.Errorf("%w: %s", wire.ErrCorruptState, detail)
+	return nil
 }
 
-// withoutTrailer cuts what Redis or miniredis append to a script's error.
-func withoutTrailer(msg string) string {
-	for _, trailer := range []string{" script: ", " stack traceback:"} {
-		if at := strings.LastIndex(msg, trailer); at >= 0 {
-			msg = msg[:at]
-		}
+// Decide runs one decision, in a batch when others are in flight, and
+// returns its reply: a decision's (internal/wire), or wire.ReplyAdmin for a
+// config the script refused. req's keys and args are copied into a batch
+// as it is taken from the queue, so they are the caller's again when Decide
+// returns.
+func (t *Transport) Decide(ctx context.Context, req Request) (any, error) {
+	g := t.batches.of(req.Keys)
+	if g == nil {
+		return t.alone(ctx, nil, req)
 	}
-	return msg
+	g.mu.Lock()
+	if g.inflight < batchCalls && len(g.queue) == 0 {
+		g.inflight++
+		g.mu.Unlock()
+		return t.alone(ctx, g, req)
+	}
+	p := pendings.Get().(*pending)
+	p.ctx, p.req, p.queued = ctx, req, true
+	g.queue = append(g.queue, p)
+	g.mu.Unlock()
+	select {
+	case <-p.wake:
+	case <-ctx.Done():
+		g.mu.Lock()
+		if p.queued {
+			g.queue = remove(g.queue, p)
+		}
+		alone := p.alone
+		g.mu.Unlock()
+		if alone {
+			<-p.wake
+			t.finished(g) // the call it was to make, and now will not
+		}
+		// Left before its batch was sent: not counted. Taken into one
+		// already: it may be counted, as a lone call whose caller left
+		// mid-flight may.
+		return nil, Classify(ctx, ctx.Err(), req.Keys)
+	}
+	// Woken, the caller owns p again, and gives it back.
+	alone, reply, err := p.alone, p.reply, p.err
+	*p = pending{wake: p.wake}
+	pendings.Put(p)
+	if alone {
+		// A batch of one: its call is the caller's own.
+		return t.alone(ctx, g, req)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return element(ctx, reply, req.Keys)
 }
 
-// keyReply splits a corrupt detail, "<key>: <what>", into one of the call's
-// keys and what, when what is an error reply of Redis: a code in capitals
-// ("OOM …", "WRONGTYPE …", "NOPERM …", "ERR …"), where the scripts' own
-// descriptions start in lower case, or an ACL refusal. Redis 6.2 puts the
-// script's line first ("@user_script: 1: -OOM …"). The key is matched
-// against the call's own, so a name holding ": OOM" cannot pass for a reply.
-func keyReply(detail string, keys []any) (key, reply string, ok bool) {
-	for _, k := range keys {
-		name, _ := k.(string)
-		rest, found := strings.CutPrefix(detail, name+": ")
-		if !found || name == "" {
+// pendings recycles the pending of callers woken by their reply: no one
+// holds them then. One that left its batch is not recycled, as its batch
+// may still answer it.
+var pendings = sync.Pool{New: func() any { return &pending{wake: make(chan struct{}, 1)} }}
+
+// alone makes one call (of g, if not nil) for the caller's own request: a
+// batch of one, whose reply is the request's own.
+func (t *Transport) alone(ctx context.Context, g *batcher, req Request) (any, error) {
+	head := [wire.RequestHead]any{req.Algorithm, req.Op, len(req.Keys), len(req.Args)}
+	s := t.scripts.Decide
+	if req.Lean != nil {
+		s = req.Lean
+	}
+	reply, err := t.run(ctx, 1, s, req.Keys, head[:], req.Args)
+	if g != nil {
+		t.finished(g)
+	}
+	return reply, err
+}
+
+// element is one request's reply in a call's: {message} is the error its
+// decision raised, classed as the same decision sent alone would be.
+func element(ctx context.Context, reply any, keys []any) (any, error) {
+	r, ok := reply.([]any)
+	if !ok {
+		return reply, nil
+	}
+	msg, ok := "", len(r) == 1
+	if ok {
+		msg, ok = r[0].(string)
+	}
+	if !ok {
+		return nil, wire.Unexpected(r)
+	}
+	// Redis 6.2 puts the script's line first: "@user_script: 12: -OOM …".
+	msg = strings.TrimPrefix(scriptLine.ReplaceAllString(msg, ""), "-")
+	return nil, Classify(ctx, ReplyError(msg), keys)
+}
+
+var scriptLine = regexp.MustCompile(`^@user_script: ?\d+: `)
+
+func remove(queue []*pending, p *pending) []*pending {
+	for i, q := range queue {
+		if q == p {
+			return append(queue[:i], queue[i+1:]...)
+		}
+	}
+	return queue
+}
+
+// batch is the requests sent in one call: keys and args are the call's,
+// copied from the requests as they were taken from the queue.
+type batch struct {
+	members    []*pending
+	keys, args []any
+}
+
+// finished ends a call of g, and sends the next batches from the queue.
+func (t *Transport) finished(g *batcher) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inflight--
+	for g.inflight < batchCalls && len(g.queue) > 0 {
+		n := min(len(g.queue), batchSize)
+		first := g.queue[0]
+		b := &batch{
+			members: make([]*pending, 0, n),
+			keys:    make([]any, 0, n*len(first.req.Keys)),
+			args:    make([]any, 0, n*(wire.RequestHead+len(first.req.Args))),
+		}
+		for _, p := range g.queue[:n] {
+			p.queued = false
+			if p.ctx.Err() != nil {
+				// Its caller is leaving: the batch goes without it.
+				p.err = Classify(p.ctx, p.ctx.Err(), p.req.Keys)
+				p.wake <- struct{}{}
+				continue
+			}
+			b.members = append(b.members, p)
+			b.keys = append(b.keys, p.req.Keys...)
+			b.args = append(b.args, p.req.Algorithm, p.req.Op, len(p.req.Keys), len(p.req.Args))
+			b.args = append(b.args, p.req.Args...)
+		}
+		g.queue = append(g.queue[:0], g.queue[n:]...)
+		if len(b.members) == 0 {
 			continue
 		}
-		if line, ok := strings.CutPrefix(rest, "@user_script: "); ok {
-			if _, after, ok := strings.Cut(line, ": "); ok {
-				rest = strings.TrimPrefix(after, "-")
+		g.inflight++
+		if len(b.members) == 1 {
+			p := b.members[0]
+			p.alone = true
+			p.wake <- struct{}{}
+			continue
+		}
+		// Sent from a goroutine of its own, so that every caller waits
+		// for its reply or its context, whichever comes first.
+		go t.sendBatch(g, b)
+	}
+}
+
+// sendBatch runs batch b and hands each member its reply.
+func (t *Transport) sendBatch(g *batcher, b *batch) {
+	// The call is every member's: one caller leaving does not end it, and
+	// it gives up at the last member's deadline. It carries their
+	// contexts, for hooks that trace each caller.
+	members := make([]context.Context, len(b.members))
+	var last time.Time
+	bounded := true
+	for i, p := range b.members {
+		members[i] = p.ctx
+		d, ok := p.ctx.Deadline()
+		bounded = bounded && ok
+		if d.After(last) {
+			last = d
+		}
+	}
+	ctx := context.WithValue(context.WithoutCancel(b.members[0].ctx), batchMembers{}, members)
+	if bounded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, last)
+		defer cancel()
+	}
+	reply, err := t.run(ctx, len(b.members), t.scripts.Decide, b.keys, nil, b.args)
+	replies, ok := reply.([]any)
+	if err == nil && (!ok || len(replies) != len(b.members)) {
+		err = wire.Unexpected(reply)
+	}
+	for i, p := range b.members {
+		if err != nil {
+			p.err = err
+		} else {
+			p.reply = replies[i]
+		}
+	}
+	g.sizes.calls.Add(1)
+	g.sizes.decisions.Add(int64(len(b.members)))
+	t.finished(g)
+	for _, p := range b.members {
+		p.wake <- struct{}{}
+	}
+}
+
+// batchMembers is the context key of a batch call's members' contexts.
+type batchMembers struct{}
+
+// MembersOf returns the contexts of the callers whose decisions the call
+// under ctx carries, or nil when it is no batch's.
+func MembersOf(ctx context.Context) []context.Context {
+	members, _ := ctx.Value(batchMembers{}).([]context.Context)
+	return members
+}
+
+// BatchStats returns how many batches t has sent, and the decisions they
+// held.
+func (t *Transport) BatchStats() (calls, decisions int64) {
+	b := &t.batches
+	add := func(g *batcher) {
+		calls += g.sizes.calls.Load()
+		decisions += g.sizes.decisions.Load()
+	}
+	add(&b.all)
+	if b.slots != nil {
+		for i := range b.slots {
+			if g := b.slots[i].Load(); g != nil {
+				add(g)
 			}
 		}
-		if errorCode(rest) || misconfiguredReply(rest) {
-			return name, rest, true
+	}
+	return calls, decisions
+}
+
+// slots holds a Cluster client's batchers, one per hash slot, made as their
+// first request comes.
+type slots [clusterSlots]atomic.Pointer[batcher]
+
+const clusterSlots = 16384
+
+func (s *slots) of(slot int) *batcher {
+	if g := s[slot].Load(); g != nil {
+		return g
+	}
+	s[slot].CompareAndSwap(nil, new(batcher))
+	return s[slot].Load()
+}
+
+// ClusterSlot is the hash slot of key, as Redis Cluster computes it: the
+// CRC16 of its hash tag (the first {…} holding anything), else of the key.
+func ClusterSlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			key = key[open+1 : open+1+end]
 		}
 	}
-	return "", "", false
+	return int(crc16(key) % clusterSlots)
 }
 
-// errorCode reports whether msg starts as Redis's error replies do: a word
-// of capital letters, then a space.
-func errorCode(msg string) bool {
-	code, _, found := strings.Cut(msg, " ")
-	if !found || len(code) < 2 {
-		return false
-	}
-	for _, r := range code {
-		if r < 'A' || r > 'Z' {
-			return false
+// crc16 is CRC-16/XMODEM (polynomial 0x1021), Redis Cluster's key hash.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
 		}
 	}
-	return true
+	return crc
 }
 
-// misconfigured is ErrMisconfigured for an ACL (or other) refusal a script
-// met on key. Redis 7.2 and later name the command the ACL refuses ("no
-// permissions to run the 'zadd' command"); 7.0 does not, and its ACL LOG
-// does.
-func misconfigured(key, reply string) error {
-	command := ""
-	if _, rest, ok := strings.Cut(reply, "run the '"); ok {
-		command, _, _ = strings.Cut(rest, "' command")
-	} else if m := calledCommand.FindStringSubmatch(reply); m != nil {
-		// The admin script's call names the command it ran: "… (ZRANGE)".
-		command, reply = m[2], m[1]
+// BatchCalls is how many calls of one group may be in flight at once, for
+// tests that hold them.
+const BatchCalls = batchCalls
+
+// Queued returns how many requests on key wait for a batch, for tests that
+// line them up.
+func (t *Transport) Queued(key string) int {
+	g := t.batches.of([]any{key})
+	if g == nil {
+		return 0
 	}
-	if command != "" {
-		return fmt.Errorf("%w: the ACL user may not run %s, which the scripts run on %s: %w",
-			wire.ErrMisconfigured, strings.ToUpper(command), key, ReplyError(reply))
-	}
-	return fmt.Errorf("%w: refused on %s (ACL LOG names the command): %w", wire.ErrMisconfigured, key, ReplyError(reply))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
 }
 
-// calledCommand splits an error reply passed on by the admin script's call
-// from the command it names.
-var calledCommand = regexp.MustCompile(`^(.*) \(([A-Z]+)\)$`)
+// BatchStatsOf returns how many batches the group of key has sent, and the
+// decisions they held.
+func (t *Transport) BatchStatsOf(key string) (calls, decisions int64) {
+	g := t.batches.of([]any{key})
+	if g == nil {
+		return 0, 0
+	}
+	return g.sizes.calls.Load(), g.sizes.decisions.Load()
+}
 
-// ReplyError is an error reply of Redis that a script met and passed on in
-// its own error: the cause, as go-redis would have given it.
-type ReplyError string
+// NewBreaker returns a breaker (see redlimit.WithBreaker): after failures
+// decisions in a row end in wire.ErrUnavailable, every call fails at once for
+// coolDown, then one probe goes to Redis.
+func NewBreaker(failures int, coolDown time.Duration) *Breaker {
+	return &Breaker{failures: int64(failures), coolDown: coolDown, now: time.Now}
+}
 
-func (e ReplyError) Error() string { return string(e) }
-func (ReplyError) RedisError()     {}
+// Breaker is closed (calls go to Redis), open (calls fail at once until
+// until), or probing (open, with one call let through). A closed breaker
+// costs a call two atomic loads, and writes only after a failure.
+type Breaker struct {
+	failures int64
+	coolDown time.Duration
+	now      func() time.Time
+
+	failed atomic.Int64 // consecutive failures while closed
+	open   atomic.Bool
+	// recoveries counts the answers that ended a run of failures or closed
+	// the breaker. A failure counts only if none came while its call was
+	// out: calls sent to a dead server can fail long after it is back (go-redis
+	// retries), and must not open the breaker again.
+	recoveries atomic.Int64
+
+	mu      sync.Mutex // guards the rest, and open's changes
+	until   time.Time  // end of the cool-down
+	probing bool       // the probe is out
+	cause   error      // the failure that opened it, or that the last probe met
+}
+
+// pass is a call's way through the breaker.
+type pass struct {
+	probe      bool
+	recoveries int64 // when the call was sent
+}
+
+// Probe reports whether the call is the breaker's probe.
+func (p pass) Probe() bool { return p.probe }
+
+// Enter and Leave are enter and leave, for tests that step the breaker.
+func (b *Breaker) Enter() (pass, error)                   { return b.enter() }
+func (b *Breaker) Leave(p pass, err error, decisions int) { b.leave(p, err, decisions) }
+
+// SetClock makes the breaker read now, for tests on a controlled clock.
+func (b *Breaker) SetClock(now func() time.Time) { b.now = now }
+
+// OpenFor is how long the breaker said err's call must wait for its next
+// probe, or false when err is no refusal of an open breaker.
+func OpenFor(err error) (time.Duration, bool) {
+	var open *breakerOpenError
+	if !errors.As(err, &open) {
+		return 0, false
+	}
+	return open.wait, true
+}
+
+// enter lets a call go to Redis, or returns the error to answer it with.
+func (b *Breaker) enter() (pass, error) {
+	if b == nil {
+		return pass{}, nil
+	}
+	p := pass{recoveries: b.recoveries.Load()}
+	if !b.open.Load() {
+		return p, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open.Load() {
+		return p, nil
+	}
+	now := b.now()
+	if b.probing || now.Before(b.until) {
+		return p, &breakerOpenError{wait: max(0, b.until.Sub(now)), cause: b.cause}
+	}
+	b.probing, p.probe = true, true
+	return p, nil
+}
+
+// leave records the outcome of a call that went to Redis, deciding
+// decisions requests (a batch's, or one).
+func (b *Breaker) leave(p pass, err error, decisions int) {
+	if b == nil {
+		return
+	}
+	stale := b.recoveries.Load() != p.recoveries // Redis answered someone since this call was sent
+	switch {
+	case errors.Is(err, context.Canceled) || (stale && errors.Is(err, wire.ErrUnavailable)):
+		// Nothing learnt of Redis: the caller gave up, or the failure is older than an answer.
+		if p.probe {
+			b.mu.Lock()
+			b.probing = false
+			b.mu.Unlock()
+		}
+	case errors.Is(err, wire.ErrUnavailable):
+		if p.probe {
+			b.mu.Lock()
+			b.until, b.probing, b.cause = b.now().Add(b.coolDown), false, err
+			b.mu.Unlock()
+			return
+		}
+		if b.failed.Add(int64(decisions)) >= b.failures && !b.open.Load() {
+			b.mu.Lock()
+			if !b.open.Load() {
+				b.until, b.cause = b.now().Add(b.coolDown), err
+				b.open.Store(true)
+			}
+			b.mu.Unlock()
+		}
+	default: // Redis answered
+		if b.failed.Load() == 0 && !b.open.Load() {
+			return
+		}
+		b.mu.Lock()
+		b.recoveries.Add(1)
+		b.failed.Store(0)
+		b.open.Store(false)
+		b.probing, b.cause = false, nil
+		b.mu.Unlock()
+	}
+}
+
+// breakerOpenError is what a call gets while the breaker is open.
+type breakerOpenError struct {
+	wait  time.Duration // until the next probe; 0 while one is out
+	cause error
+}
+
+func (e *breakerOpenError) Error() string {
+	cause := strings.TrimPrefix(e.cause.Error(), wire.ErrUnavailable.Error()+": ")
+	if e.wait == 0 {
+		return fmt.Sprintf("%v, probing Redis; last failure: %s", wire.ErrBreakerOpen, cause)
+	}
+	return fmt.Sprintf("%v for %v more; last failure: %s", wire.ErrBreakerOpen, e.wait.Round(time.Millisecond), cause)
+}
+
+func (e *breakerOpenError) Unwrap() []error { return []error{wire.ErrBreakerOpen, e.cause} }
