@@ -6,6 +6,7 @@ import (
 	"time"
 	_ "time/tzdata" // the zones below are Go's own, not whatever the machine's zoneinfo holds
 
+	"github.com/redlimit/redlimit/internal/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -516,9 +517,9 @@ func TestCalendarSpecList(t *testing.T) {
 	berlin := calendarZone(t, "Europe/Berlin")
 	const spec = "1=day:0:UTC,2=month:31:Europe/Berlin"
 	// Config.calendars writes what parseCalendars reads.
-	assert.Equal(t, spec, PerDay(10, time.UTC).And(PerMonthFrom(100, berlin, 31)).calendars())
-	assert.Equal(t, "2=week:1:Europe/Berlin", PerHour(10).And(PerWeek(100, berlin, time.Monday)).calendars())
-	assert.Equal(t, "", PerHour(10).calendars())
+	assert.Equal(t, spec, wire.EncodeCalendars(PerDay(10, time.UTC).And(PerMonthFrom(100, berlin, 31)).calendars()))
+	assert.Equal(t, "2=week:1:Europe/Berlin", wire.EncodeCalendars(PerHour(10).And(PerWeek(100, berlin, time.Monday)).calendars()))
+	assert.Empty(t, PerHour(10).calendars())
 
 	rates, ok := parseCalendars(spec)
 	require.True(t, ok)

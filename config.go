@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redlimit/redlimit/internal/wire"
@@ -261,71 +260,51 @@ func (c Config) equal(o Config) bool {
 // set.
 func (c Config) arg(source wire.Source) string {
 	return wire.ConfigArg{Rate: c.Rate, IntervalMS: c.Interval.Milliseconds(), Type: int64(c.Type), Burst: c.Burst,
-		Buckets: int64(c.Buckets), KeepAliveMS: c.KeepAlive.Milliseconds(), Calendars: c.calendars(), More: moreArg(c.More)}.Encode(source)
+		Buckets: int64(c.Buckets), KeepAliveMS: c.KeepAlive.Milliseconds(), Calendars: c.calendars(), More: rateList(c.More)}.Encode(source)
 }
 
-// rateList is c's rates as the scripts' replies give them.
-func (c Config) rateList() []wire.Rate {
-	rates := make([]wire.Rate, 0, 1+len(c.More))
-	for _, r := range c.rates() {
-		rates = append(rates, wire.Rate{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds(), Burst: r.Burst})
+// rateList is rates as the scripts take and give them.
+func rateList(rates []Config) []wire.Rate {
+	list := make([]wire.Rate, 0, len(rates))
+	for _, r := range rates {
+		list = append(list, wire.Rate{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds(), Burst: r.Burst, Buckets: int64(r.Buckets)})
 	}
-	return rates
+	return list
 }
 
-// moreArg encodes further rates as the config hash's field more keeps them:
-// rate, interval in ms, burst and buckets of each, space-separated.
-func moreArg(more []Config) string {
-	var b strings.Builder
-	for i, o := range more {
-		if i > 0 {
-			b.WriteByte(' ')
+// configOf is the Config a stored one (the get reply) says.
+func configOf(st wire.StoredConfig) (Config, error) {
+	cfg := Config{
+		Rate: st.Rate, Interval: time.Duration(st.IntervalMS) * time.Millisecond, Type: RateType(st.Type),
+		Burst: st.Burst, Buckets: int(st.Buckets), KeepAlive: time.Duration(st.KeepAliveMS) * time.Millisecond,
+	}
+	for _, r := range st.More {
+		cfg.More = append(cfg.More, Config{Rate: r.Rate, Interval: time.Duration(r.IntervalMS) * time.Millisecond, Burst: r.Burst, Buckets: int(r.Buckets)})
+	}
+	for _, pc := range st.Calendars {
+		cal, ok := parseCalendar(pc.Spec)
+		if !ok {
+			return Config{}, fmt.Errorf("%w: field %s = %q", ErrCorruptState, wire.FieldCalendar, pc.Spec)
 		}
-		fmt.Fprintf(&b, "%d %d %d %d", o.Rate, o.Interval.Milliseconds(), o.Burst, o.Buckets)
-	}
-	return b.String()
-}
-
-// parseMore reads the field more (moreArg) back.
-func parseMore(s string) ([]Config, bool) {
-	if s == "" {
-		return nil, true
-	}
-	f := strings.Fields(s)
-	if len(f)%4 != 0 {
-		return nil, false
-	}
-	var more []Config
-	for i := 0; i < len(f); i += 4 {
-		var n [4]int64
-		for j := range n {
-			x, err := strconv.ParseInt(f[i+j], 10, 64)
-			if err != nil {
-				return nil, false
-			}
-			n[j] = x
+		if pc.Place == 1 {
+			cfg.Calendar = cal
+		} else {
+			cfg.More[pc.Place-2].Calendar = cal
 		}
-		more = append(more, Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Burst: n[2], Buckets: int(n[3])})
 	}
-	return more, true
+	return cfg, nil
 }
 
 // calendars lists the rates of c that follow a calendar, as the config
-// hash's field calendar keeps them: "place=spec" (place: 1 for c's own
-// rate, 2 … for the further ones; spec: Calendar.spec), ',' between them,
-// or "" for none.
-func (c Config) calendars() string {
-	var b strings.Builder
+// hash's field calendar keeps them, or nil for none.
+func (c Config) calendars() []wire.PlacedCalendar {
+	var list []wire.PlacedCalendar
 	for i, r := range c.rates() {
-		if r.Calendar.Period == 0 {
-			continue
+		if r.Calendar.Period != 0 {
+			list = append(list, wire.PlacedCalendar{Place: i + 1, Spec: r.Calendar.spec()})
 		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, "%d=%s", i+1, r.Calendar.spec())
 	}
-	return b.String()
+	return list
 }
 
 // rateCalendar is one calendar rate of a config: its place (calendars).
@@ -334,20 +313,19 @@ type rateCalendar struct {
 	cal   Calendar
 }
 
-// parseCalendars reads calendars back.
+// parseCalendars reads the field calendar (calendars) back.
 func parseCalendars(s string) ([]rateCalendar, bool) {
-	var list []rateCalendar
-	for item := range strings.SplitSeq(s, ",") {
-		place, spec, ok := strings.Cut(item, "=")
-		n, err := strconv.Atoi(place)
-		if !ok || err != nil || n < 1 || n > maxRates {
-			return nil, false
-		}
-		cal, ok := parseCalendar(spec)
+	placed, ok := wire.ParseCalendars(s)
+	if !ok || len(placed) == 0 {
+		return nil, false
+	}
+	list := make([]rateCalendar, 0, len(placed))
+	for _, pc := range placed {
+		cal, ok := parseCalendar(pc.Spec)
 		if !ok {
 			return nil, false
 		}
-		list = append(list, rateCalendar{place: n, cal: cal})
+		list = append(list, rateCalendar{place: pc.Place, cal: cal})
 	}
 	return list, true
 }

@@ -208,7 +208,7 @@ func hammer(ctx context.Context, goroutines int, f func(g, n int) (stop bool)) (
 func parseResult(reply any, dflt Config) (Result, error) {
 	var rates []wire.Rate
 	if dflt.Rate > 0 {
-		rates = dflt.rateList()
+		rates = rateList(dflt.rates())
 	}
 	d, ok := wire.ParseDecision(reply, rates, false)
 	if !ok {

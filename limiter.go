@@ -265,7 +265,7 @@ func (l *Limiter) WithDefault(cfg Config) *Limiter {
 	// A copy of More: the caller's may change after, and the handle is kept.
 	d.dflt = cfg
 	d.dflt.More = slices.Clone(cfg.More)
-	d.dfltRates = cfg.rateList()
+	d.dfltRates = rateList(cfg.rates())
 	d.stored = wire.WithSource(d.config.(string), wire.SourceStored)
 	if own {
 		f.withDefault.Store(d)
@@ -282,8 +282,8 @@ func (l *Limiter) withConfig(source wire.Source, cfg Config) *Limiter {
 	d.source, d.config, d.stored = source, cfg.arg(source), nil
 	d.lease = nil // a block was taken under the handle's config: lease again after WithDefault
 	d.calendars = nil
-	if spec := cfg.calendars(); spec != "" {
-		d.calendars, _ = newCalendarSet(spec)
+	if cals := cfg.calendars(); len(cals) > 0 {
+		d.calendars, _ = newCalendarSet(wire.EncodeCalendars(cals))
 	}
 	d.setDenial()
 	return &d
@@ -419,38 +419,18 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
-	f, ok := reply.([]any)
-	if ok && len(f) == 0 {
-		if l.source != wire.SourceDefault {
-			return Config{}, fmt.Errorf("%w: %s", ErrNotInitialized, l.name)
-		}
+	st, found, err := wire.ParseGetReply(reply)
+	switch {
+	case err != nil:
+		return Config{}, fmt.Errorf("%s: %w", l.name, err)
+	case !found && l.source != wire.SourceDefault:
+		return Config{}, fmt.Errorf("%w: %s", ErrNotInitialized, l.name)
+	case !found:
 		return l.dflt, nil
 	}
-	var n [6]int64
-	if !ok || len(f) != wire.GetReplyLen || !integers(f, n[:]) {
-		return Config{}, unexpected(reply)
-	}
-	s, _ := f[6].(string)
-	more, ok := parseMore(s)
-	if !ok {
-		return Config{}, unexpected(reply)
-	}
-	cfg := Config{
-		Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: RateType(n[2]),
-		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond, More: more,
-	}
-	if s, _ := f[7].(string); s != "" {
-		cals, ok := parseCalendars(s)
-		if !ok {
-			return Config{}, fmt.Errorf("%w: %s: field calendar = %q", ErrCorruptState, l.name, s)
-		}
-		for _, rc := range cals {
-			if rc.place == 1 {
-				cfg.Calendar = rc.cal
-			} else if rc.place-2 < len(cfg.More) {
-				cfg.More[rc.place-2].Calendar = rc.cal
-			}
-		}
+	cfg, err := configOf(st)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", l.name, err)
 	}
 	return cfg, nil
 }

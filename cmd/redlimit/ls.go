@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -419,62 +418,31 @@ func (o *lsOutput) format(l lsLine) string {
 	return fmt.Sprintf("%-24s  %-14s  %s\n", l.Name, l.Algorithm, about)
 }
 
-// storedConfig reads a stored config from its hash's fields (the layout's:
-// internal/wire). The scripts check them the same way before every decision.
+// storedConfig reads a stored config from its hash's fields, as
+// internal/wire reads them (the scripts check them the same way before
+// every decision).
 func storedConfig(h hashFields) (redlimit.Config, error) {
-	var n [6]int64
-	for i, field := range []string{wire.FieldRate, wire.FieldInterval, wire.FieldType, wire.FieldBurst, wire.FieldBuckets, wire.FieldKeepAlive} {
-		s, ok := h[field]
-		if !ok {
-			if i < 2 {
-				return redlimit.Config{}, fmt.Errorf("field %s missing", field)
-			}
-			continue // type, burst, buckets, keepAliveTime: optional
-		}
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || v < 0 {
-			return redlimit.Config{}, fmt.Errorf("field %s = %q", field, s)
-		}
-		n[i] = v
+	st, found, err := wire.ParseStoredFields(h)
+	switch {
+	case err != nil:
+		// Said as the scripts say it, without the library's sentinel.
+		return redlimit.Config{}, errors.New(strings.TrimPrefix(err.Error(), wire.ErrCorruptState.Error()+": "))
+	case !found:
+		return redlimit.Config{}, fmt.Errorf("field %s missing", wire.FieldRate)
 	}
-	cfg := redlimit.Config{Rate: n[0], Interval: time.Duration(n[1]) * time.Millisecond, Type: redlimit.RateType(n[2]),
-		Burst: n[3], Buckets: int(n[4]), KeepAlive: time.Duration(n[5]) * time.Millisecond}
-	more := h[wire.FieldMore]
-	// Four integers a rate: rate, interval in ms, burst, buckets.
-	fields := strings.Fields(more)
-	if len(fields)%4 != 0 {
-		return redlimit.Config{}, fmt.Errorf("field %s = %q", wire.FieldMore, more)
+	ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+	cfg := redlimit.Config{Rate: st.Rate, Interval: ms(st.IntervalMS), Type: redlimit.RateType(st.Type),
+		Burst: st.Burst, Buckets: int(st.Buckets), KeepAlive: ms(st.KeepAliveMS)}
+	for _, r := range st.More {
+		cfg.More = append(cfg.More, redlimit.Config{Rate: r.Rate, Interval: ms(r.IntervalMS), Burst: r.Burst, Buckets: int(r.Buckets)})
 	}
-	for i := 0; i < len(fields); i += 4 {
-		var r [4]int64
-		for j := range r {
-			v, err := strconv.ParseInt(fields[i+j], 10, 64)
-			if err != nil || v < 0 {
-				return redlimit.Config{}, fmt.Errorf("field %s = %q", wire.FieldMore, more)
-			}
-			r[j] = v
+	for _, pc := range st.Calendars {
+		rate := &cfg
+		if pc.Place > 1 {
+			rate = &cfg.More[pc.Place-2]
 		}
-		cfg.More = append(cfg.More, redlimit.Config{Rate: r[0], Interval: time.Duration(r[1]) * time.Millisecond, Burst: r[2], Buckets: int(r[3])})
-	}
-	// The calendar rates: "place=spec", place 1 for the config's own rate.
-	calendars := h[wire.FieldCalendar]
-	for item := range strings.SplitSeq(calendars, ",") {
-		if item == "" {
-			continue
-		}
-		place, spec, _ := strings.Cut(item, "=")
-		var cal redlimit.Calendar
-		i, err := strconv.Atoi(place)
-		if err == nil {
-			err = cal.UnmarshalText([]byte(spec))
-		}
-		switch {
-		case err != nil || i < 1 || i > 1+len(cfg.More):
-			return redlimit.Config{}, fmt.Errorf("field %s = %q", wire.FieldCalendar, calendars)
-		case i == 1:
-			cfg.Calendar = cal
-		default:
-			cfg.More[i-2].Calendar = cal
+		if err := rate.Calendar.UnmarshalText([]byte(pc.Spec)); err != nil {
+			return redlimit.Config{}, fmt.Errorf("field %s = %q", wire.FieldCalendar, h[wire.FieldCalendar])
 		}
 	}
 	return cfg, nil

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"strconv"
 	"strings"
 )
 
@@ -93,36 +92,6 @@ func init() {
 		}
 		seen[s[0]] = true
 	}
-}
-
-// ConfigArg is a config as the scripts are given it: source, rate,
-// interval ms, type, burst, buckets and keep-alive ms, space-separated, then
-// " @" and its calendar rates (FieldCalendar's format) if any, then " " and
-// its further rates (FieldMore's format) if any. Zero burst and buckets go
-// as they are: the scripts apply the defaults.
-type ConfigArg struct {
-	Rate, IntervalMS, Type, Burst, Buckets, KeepAliveMS int64
-	Calendars                                           string
-	More                                                string
-}
-
-// configArg is the Lua pattern that reads ConfigArg's fields and the rest.
-const configArg = `^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$`
-
-// Encode writes c for source.
-func (c ConfigArg) Encode(source Source) string {
-	b := make([]byte, 0, 64)
-	b = append(b, source...)
-	for _, n := range []int64{c.Rate, c.IntervalMS, c.Type, c.Burst, c.Buckets, c.KeepAliveMS} {
-		b = strconv.AppendInt(append(b, ' '), n, 10)
-	}
-	if c.Calendars != "" {
-		b = append(append(b, " @"...), c.Calendars...)
-	}
-	if c.More != "" {
-		b = append(append(b, ' '), c.More...)
-	}
-	return string(b)
 }
 
 // WithSource returns the encoded config arg with another source.

@@ -73,9 +73,6 @@ var DefaultFields = [...]int{PosAllowed, PosRemaining, PosRetry, PosReset, PosBo
 // window's edge.
 const ReserveTail = " @%d %d %d"
 
-// Rate is one of a config's rates as a reply gives it.
-type Rate struct{ Rate, IntervalMS, Burst int64 }
-
 // Decision is a decision's reply, read.
 type Decision struct {
 	Kind                   string // ReplyHash, ReplyFull or ReplyDefault
@@ -150,7 +147,7 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 	if fields > PosBound {
 		d.Bound = int(n[PosBound])
 		for i := PosMore; i < fields; i += 4 {
-			r := Rate{Rate: n[i], IntervalMS: n[i+1], Burst: n[i+2]}
+			r := Rate{Rate: n[i], IntervalMS: n[i+1], Burst: n[i+2], Buckets: n[i+3]}
 			if r.Rate < 1 || r.IntervalMS < 1 || r.Burst < 0 {
 				return Decision{}, false
 			}
@@ -205,10 +202,6 @@ func micros(us []int64) bool {
 	}
 	return true
 }
-
-// GetReply is the admin script's get reply: ConfigFields' values, in order,
-// the numbers as integers and more and calendar as strings; {} for none.
-const GetReplyLen = 8
 
 // MissingClients reads a ReplyMissing reply: the ids the op must be sent
 // again with.
