@@ -55,10 +55,14 @@ const maxAllAttempts = 4
 // "{user42}:ip" and "{user42}:user" have. Otherwise it is ErrMisconfigured,
 // and nothing is sent.
 //
-// Bad input is refused before anything is written: negative permits
+// A denied call writes nothing at all: not even the keep-alive a denied
+// Allow refreshes (Config.KeepAlive), so a limiter only ever asked in calls
+// others deny is idle. Bad input is refused so too: negative permits
 // (ErrInvalidPermits); more permits than a limiter can ever grant
 // (ErrPermitsExceedRate, with that limiter's RetryAfter and the call's
-// Never, as Allow answers it).
+// Never, as Allow answers it). Redis does not roll a script back: a write
+// it refuses during the grants (out of memory) leaves the limiters granted
+// before it counted, and the call fails, which errs toward denying.
 //
 // What each handle's options do here:
 //   - shadow mode (WithShadow, the handle's, or the stored config's): that

@@ -147,6 +147,41 @@ func TestAllowAllNoneUnlessAll(t *testing.T) {
 	})
 }
 
+// A denied call writes nothing at all, not even what a denied Allow
+// tidies or refreshes: a token bucket's missing cache and marker, a stored
+// config's keep-alive.
+func TestAllowAllDeniedWritesNothing(t *testing.T) {
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, connect func() redis.UniversalClient) {
+		ctx := context.Background()
+		clk := newClock()
+		rdb := connect()
+		c := newClient(rdb, clk)
+		base := allBase(t)
+		tb := c.TokenBucket(base + "tb").WithDefault(Per(10, 10*time.Second))
+		_, err := tb.Allow(ctx, 3)
+		require.NoError(t, err)
+		// Its marker and its cache gone, as state from before markers, or
+		// a cache lost, have neither: a denied Allow writes them again.
+		require.Equal(t, int64(2), rdb.Del(ctx, tb.keys[0], tb.keys[1]).Val())
+		kept := c.Funnel(base + "kept")
+		require.NoError(t, kept.SetRate(ctx, Config{Rate: 10, Interval: 10 * time.Second, KeepAlive: time.Minute}))
+		_, err = kept.Allow(ctx, 1)
+		require.NoError(t, err)
+		require.True(t, rdb.PExpire(ctx, kept.Name(), 5*time.Second).Val())
+		deny := c.FixedWindow(base + "deny").WithDefault(Per(1, time.Minute))
+		_, err = deny.Allow(ctx, 1)
+		require.NoError(t, err)
+
+		before := snapshot(t, rdb, base)
+		all, err := c.AllowAll(ctx, Want{tb, 1}, Want{kept, 1}, Want{deny, 1})
+		require.NoError(t, err)
+		assert.False(t, all.Allowed)
+		assert.Equal(t, []string{"true 7 0s", "true 9 0s", "false 0 1m0s"}, verdicts(all))
+		assert.Equal(t, before, snapshot(t, rdb, base))
+		assert.LessOrEqual(t, rdb.PTTL(ctx, kept.Name()).Val(), 5*time.Second, "the keep-alive not refreshed")
+	})
+}
+
 // Limiters of every kind a Client makes in one call: several rates,
 // a stored config another instance set, PerClient ones (a default's, and a
 // stored one this Client learns of from the script), a peek.
