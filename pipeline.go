@@ -136,6 +136,34 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	if err := ctx.Err(); err != nil {
 		return Result{}, wire.Decision{}, fmt.Errorf("redlimit: %w", err)
 	}
+	for {
+		pooled := argsPool.Get().(*[]any)
+		f := l.frame(req, (*pooled)[:wire.ArgGrantSize])
+		reply, err := l.client.transport.Decide(ctx, evalsha.Request{Algorithm: l.algArg, Op: req.op, Keys: f.keys, Args: f.args, Lean: f.lean})
+		clear(f.args)
+		*pooled = f.args[:0]
+		argsPool.Put(pooled)
+		if err != nil {
+			return Result{}, wire.Decision{}, err
+		}
+		r, d, again, err := l.answer(ctx, &req, f, reply)
+		if !again {
+			return r, d, err
+		}
+	}
+}
+
+// framed is one decision request as frame lays it out: its keys, its
+// arguments, and the lean script that decides it alone, if any.
+type framed struct {
+	keys, args []any
+	lean       *evalsha.Script
+	whole      bool // sent the whole key list
+}
+
+// frame lays out req's keys and arguments (into args, ArgGrantSize long),
+// in the positions internal/wire declares.
+func (l *Limiter) frame(req request, args []any) framed {
 	c := l.client
 	now := noArg
 	if c.now != nil {
@@ -181,8 +209,6 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	if !whole {
 		keys = keys[:l.alg.Registry()-1]
 	}
-	pooled := argsPool.Get().(*[]any)
-	args := (*pooled)[:wire.ArgGrantSize]
 	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendar
 	args[wire.ArgID-1], args[wire.ArgLogWindow-1], args[wire.ArgClientID-1] = id, logWindow, l.clientID
 	args[wire.ArgLeast-1], args[wire.ArgGrantAt-1], args[wire.ArgGrantSize-1] = req.least, req.grantAt, req.grantSize
@@ -193,52 +219,52 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	if n == wire.ArgConfig && req.op == opAllow && l.calendars == nil && len(l.dfltRates) <= 1 && !l.family.full.Load() {
 		lean = scripts.Lean[l.alg.Name]
 	}
-	reply, err := c.transport.Decide(ctx, evalsha.Request{Algorithm: l.algArg, Op: req.op, Keys: keys, Args: args[:n], Lean: lean})
-	clear(args)
-	*pooled = args[:0]
-	argsPool.Put(pooled)
-	if err != nil {
-		return Result{}, wire.Decision{}, err
-	}
+	return framed{keys: keys, args: args[:n], lean: lean, whole: whole}
+}
+
+// answer reads the reply to req, sent as f. again: the reply taught the
+// limiter's family what the request must carry (the decision script, the
+// whole key list, calendar windows), and it is to be sent again.
+func (l *Limiter) answer(ctx context.Context, req *request, f framed, reply any) (_ Result, _ wire.Decision, again bool, _ error) {
 	switch s, _ := reply.(string); {
-	case s == wire.ReplyFullScript && lean != nil:
+	case s == wire.ReplyFullScript && f.lean != nil:
 		l.family.full.Store(true)
-		return l.ask(ctx, req)
-	case s == wire.ReplyPerClient && !whole:
+		return Result{}, wire.Decision{}, true, nil
+	case s == wire.ReplyPerClient && !f.whole:
 		l.family.perClient.Store(true)
-		return l.ask(ctx, req)
+		return Result{}, wire.Decision{}, true, nil
 	case strings.HasPrefix(s, wire.ReplyCalendar) && !req.calendarLearnt:
 		// The config in force has calendar rates other than those sent: the
 		// script names them, and the family sends them from now on.
 		cals, ok := newCalendarSet(s[len(wire.ReplyCalendar):])
 		if !ok {
-			return Result{}, wire.Decision{}, fmt.Errorf("%w: %s: field calendar = %q", ErrCorruptState, l.name, s[len(wire.ReplyCalendar):])
+			return Result{}, wire.Decision{}, false, fmt.Errorf("%w: %s: field calendar = %q", ErrCorruptState, l.name, s[len(wire.ReplyCalendar):])
 		}
 		l.family.calendars.Store(cals)
 		req.calendarLearnt = true
-		return l.ask(ctx, req)
+		return Result{}, wire.Decision{}, true, nil
 	case s == wire.ReplyAdmin:
 		// The script refused the config: the admin script says why.
 		if _, err := l.admin(ctx, wire.OpDiagnose, noArg, nil); err != nil {
-			return Result{}, wire.Decision{}, err
+			return Result{}, wire.Decision{}, false, err
 		}
-		return Result{}, wire.Decision{}, unexpected(reply)
+		return Result{}, wire.Decision{}, false, unexpected(reply)
 	}
-	if release {
+	if req.op == opRelease {
 		back, ok := reply.(int64)
 		if !ok || back < 0 || back > req.permits {
-			return Result{}, wire.Decision{}, unexpected(reply)
+			return Result{}, wire.Decision{}, false, unexpected(reply)
 		}
-		return Result{Remaining: back}, wire.Decision{}, nil
+		return Result{Remaining: back}, wire.Decision{}, false, nil
 	}
-	d, ok := wire.ParseDecision(reply, l.dfltRates, reserve)
+	d, ok := wire.ParseDecision(reply, l.dfltRates, req.op == opReserve)
 	if !ok || d.Kind == wire.ReplyDefault && l.source != wire.SourceDefault {
-		return Result{}, wire.Decision{}, unexpected(reply)
+		return Result{}, wire.Decision{}, false, unexpected(reply)
 	}
 	if hashed := d.Kind == wire.ReplyHash; l.stored != nil && hashed != l.family.hashed.Load() {
 		l.family.hashed.Store(hashed)
 	}
-	return resultOf(d), d, nil
+	return resultOf(d), d, false, nil
 }
 
 // resultOf is the Result a decision's reply says.

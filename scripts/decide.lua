@@ -478,7 +478,7 @@ local function decide(name, op, k, a, na)
         allowed, retry, bound = weigh(alg, list, permits, charge, now)
       end
     end
-    if allowed == 1 and permits > 0 then
+    if allowed == 1 and permits > 0 and op ~= OP_CHECK then -- a check counts nothing
       if LOG and logged(requests, id) then
         resent = true -- a re-sent script whose first run was granted: counted already
       else
@@ -527,7 +527,7 @@ local function decide(name, op, k, a, na)
       redis.call('SET', key1, name, 'PX', string.format('%d', life_ms))
     end
   end
-  if not in_config and (wrote or op ~= OP_RELEASE and permits > 0) then
+  if not in_config and (wrote or op ~= OP_RELEASE and op ~= OP_CHECK and permits > 0) then
     -- The token bucket writes its own state: a grant, a release, or a cache
     -- a request for permits found wrong (a peek writes nothing).
     counted = alg.write(list[1], now, config_key) and counted
@@ -620,14 +620,14 @@ local function decide(name, op, k, a, na)
   -- read they make anyway, and expires with the state. It is written when
   -- the state was (a grant: one command) or found missing (state from
   -- before markers), and goes when the state does.
-  if none and not in_config and kind == 0 and (counted or wrote or not marked) then
+  if none and not in_config and kind == 0 and (counted or wrote or not marked and op ~= OP_CHECK) then
     if reset > 0 then
       redis.call('SET', key1, name, 'PX', string.format('%d', ms))
     elseif marked then
       redis.call('DEL', key1)
     end
   end
-  if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= OP_RELEASE then
+  if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= OP_RELEASE and op ~= OP_CHECK then
     -- Every acquire keeps the config alive, granted or denied: a saturated
     -- limiter is busy, not idle. State in the config hash keeps it alive as
     -- long as the state counts (a funnel whose burst drains slower).
@@ -701,6 +701,43 @@ local function request(name, op, k, a, na)
   end
   flush()
   return decide(name, op, k, a, na)
+end
+
+-- All-or-nothing (internal/wire's FrameAll): every request decided first
+-- as a check (OP_CHECK: decide's allow, counting and writing nothing),
+-- then, only if every binding one was granted, as an allow, which grants
+-- each as its check did: the requests' keys are distinct, and the state
+-- each reads is the one its check read. A request binds unless its flag
+-- says shadow mode or its stored config is in it (the reply's field
+-- POS_SHADOW). An error raised by a check is the call's, nothing written.
+if ARGV[1] == FRAME_ALL then
+  local flags, reqs, replies, ki, ai = ARGV[2], {}, { 1 }, 0, 2
+  while ai < #ARGV do
+    local i, name, nk, na = #reqs + 1, ARGV[ai + 1], ARGV[ai + 3] + 0, ARGV[ai + 4] + 0
+    local reply = decide(name, OP_CHECK, ki, ai + REQUEST_HEAD, na) or REPLY_ADMIN
+    local kind, allowed, fields = string.match(reply, '^(%a) ([01]) (.*)$')
+    if not kind then
+      replies[1] = 0 -- not a decision: the client learns from it, and asks again
+    elseif allowed == '0' and string.byte(flags, i) ~= BYTE_ALL_SHADOW then
+      local at, shadow = 0, false
+      for field in string.gmatch(fields, '%S+') do
+        at = at + 1
+        if at == POS_SHADOW then
+          shadow = kind ~= REPLY_DEFAULT and field == '1'
+          break
+        end
+      end
+      if not shadow then replies[1] = 0 end
+    end
+    reqs[i], replies[i + 1] = { name, ki, ai + REQUEST_HEAD, na }, reply
+    ki, ai = ki + nk, ai + REQUEST_HEAD + na
+  end
+  if replies[1] == 1 then
+    for i, r in ipairs(reqs) do
+      replies[i + 1] = decide(r[1], OP_ALLOW, r[2], r[3], r[4]) or REPLY_ADMIN
+    end
+  end
+  return replies
 end
 
 -- A request alone in its call is answered with its reply, and raises its

@@ -491,15 +491,45 @@ func (s *slots) of(slot int) *batcher {
 	return s[slot].Load()
 }
 
+// Together reports whether one call can carry requests on all of names
+// (limiters' keys, each sharing its slot with the rest of its limiter's):
+// on a single server (Client, FailoverClient) any; on a Cluster those of
+// one hash slot; through anything else (a Ring, an AutoPipeliner, a
+// wrapper), whose server it cannot see, those of one hash tag (the whole
+// name without one), which every go-redis sharding keeps on one server.
+func (t *Transport) Together(names []string) bool {
+	same := func(of func(string) any) bool {
+		for _, n := range names[min(1, len(names)):] {
+			if of(n) != of(names[0]) {
+				return false
+			}
+		}
+		return true
+	}
+	switch t.rdb.(type) {
+	case *redis.Client:
+		return true
+	case *redis.ClusterClient:
+		return same(func(n string) any { return ClusterSlot(n) })
+	}
+	return same(func(n string) any { return hashTag(n) })
+}
+
 // ClusterSlot is the hash slot of key, as Redis Cluster computes it: the
 // CRC16 of its hash tag (the first {…} holding anything), else of the key.
 func ClusterSlot(key string) int {
+	return int(crc16(hashTag(key)) % clusterSlots)
+}
+
+// hashTag is what Redis Cluster and go-redis's Ring hash of key: its hash
+// tag (the first {…} holding anything), else the whole key.
+func hashTag(key string) string {
 	if open := strings.IndexByte(key, '{'); open >= 0 {
 		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
-			key = key[open+1 : open+1+end]
+			return key[open+1 : open+1+end]
 		}
 	}
-	return int(crc16(key) % clusterSlots)
+	return key
 }
 
 // crc16 is CRC-16/XMODEM (polynomial 0x1021), Redis Cluster's key hash.

@@ -61,7 +61,7 @@ func Constants() []Constant {
 	str("E_CLOCK", KindClock)
 	str("E_PERMITS", KindPermits)
 	str("E_CORRUPT", KindCorrupt)
-	return cs
+	return append(cs, allConstants()...)
 }
 
 // LuaHeader begins the decision and admin scripts: the constants' names
