@@ -10,13 +10,14 @@ import (
 	"time"
 )
 
-// Leases. One limiter lives on one Redis thread, and every decision waits a
-// round trip: a hot limit shared by every instance tops out at what that
-// thread decides. A leased handle instead takes a block of permits in one
-// script call, counted in Redis like any grant, and serves its decisions
-// from the block in memory until the block runs out or its lease time
-// passes; then it gives back what it did not use, and takes another, sized
-// to its recent demand.
+// Lease is how a leased handle takes its blocks (Limiter.WithLease).
+//
+// One limiter lives on one Redis thread, and every decision waits a round
+// trip: a hot limit shared by every instance tops out at what that thread
+// decides. A leased handle instead takes a block of permits in one script
+// call, counted in Redis like any grant, and serves its decisions from the
+// block in memory until the block runs out or Time passes; then it gives
+// back what it did not use, and takes another, sized to its recent demand.
 //
 // The bound: a permit is counted in Redis before it is used, and used at
 // most Time after Redis counted it, so the grants an instance makes are
@@ -27,11 +28,10 @@ import (
 //     grants more than Rate; token bucket: no span of Interval − Time;
 //   - funnel: no span of length t grants more than Burst + Rate × (t + Time)
 //     / Interval, the GCRA's bound over a span Time longer.
+//
 // What a block holds unused is denied to every other instance until it is
 // given back: at most the number of instances × the block cap, for at most
-// Time (the token bucket's until its records age out: see refund).
-
-// Lease is how a leased handle takes its blocks (Limiter.WithLease).
+// Time (the token bucket's until its records age out).
 type Lease struct {
 	// Time is the longest a block is used: the bound's slack, and how long
 	// a rate change (SetRate) takes to reach the handle. Required.
@@ -53,7 +53,7 @@ type LeaseStats struct {
 }
 
 // WithLease returns a handle that decides from blocks of permits it leases
-// from the limiter (see Lease and the bound above). Every other method
+// from the limiter (see Lease for the bound it keeps). Every other method
 // behaves as the handle's own; a peek (zero permits) and a request larger
 // than a block's cap go to Redis. Keep the handle, as the block is its
 // own: the Client keeps it too, until it is closed. Close it when done, or

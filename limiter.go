@@ -12,6 +12,11 @@
 // Being denied is not an error: Allow reports it in its Result and TryAcquire
 // returns false. Errors are sentinels, to be tested with errors.Is.
 //
+// Handles are cheap to make per request (c.Funnel(key).WithDefault(cfg)): a
+// Client keeps the ones it made, by name, and the keys and arguments built
+// for them, in a cache bounded to a few thousand names in use (about 22 MB
+// at most), so a service with millions of keys makes no unbounded memory.
+//
 // The code reads in one direction: a Limiter's method (this file) runs its
 // decision through the layers of pipeline.go (the handle's lease, the
 // Client's cache of denials, Redis; then shadow mode, fail-open and the
