@@ -86,6 +86,8 @@ func TestNewAll(t *testing.T) {
 				return n
 			}},
 		}, httplimit.WithLegacyHeaders(), httplimit.WithClock(now.Now),
+			// A denial, and a request above a limit (413), are no errors.
+			httplimit.WithErrorHook(func(_ *http.Request, err error) { t.Errorf("error hook told %v", err) }),
 			httplimit.WithDeniedHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusTooManyRequests)
 				_, _ = io.WriteString(w, describeAll(r))

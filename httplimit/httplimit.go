@@ -241,7 +241,7 @@ func aboveLimit(d *Decision, permits int64) bool {
 	return true
 }
 
-// requestKey is WithKey's key of r (requestKey).
+// requestKey is the key WithKey's KeyFunc gives r, escaped (requestKey).
 func (o *options) requestKey(r *http.Request) (string, error) { return requestKey(o.key, r) }
 
 // requestKey is key's key of r, escaped: the one place a key from a
