@@ -36,6 +36,14 @@
 //	ratelimit-policy: "default/1s";q=10;w=1, "default/1h";q=1000;w=3600
 //	ratelimit: "default/1s";r=9;t=1
 //
+// Chained server interceptors decide one after the other, so the first has
+// counted a call by the time the next denies it: a caller its per-key
+// limit holds back keeps spending its peer's permits. UnaryServerAll and
+// StreamServerAll decide several policies in one script call instead,
+// counting in none of them unless all grant (redlimit.Client.AllowAll),
+// with the same metadata; on a Redis Cluster their limiters' names need
+// one hash tag.
+//
 // The server interceptors leave gRPC's own reflection and health services
 // (grpc.reflection.*, grpc.health.*) unlimited, before any KeyFunc runs: a
 // tool such as grpcurl, or a load balancer's health check, carries no API
@@ -54,6 +62,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -156,7 +165,7 @@ func decide[L interface {
 	if !o.limitAll && grpcService(method) {
 		return nil
 	}
-	key, err := o.callKey(ctx, method)
+	key, err := o.callKey(ctx, o.key, method)
 	if err != nil {
 		return err
 	}
@@ -188,16 +197,16 @@ func decide[L interface {
 	case above:
 		return errAboveLimit
 	case !res.Allowed:
-		return denied(res)
+		return denied(res.RetryAfter)
 	}
 	return nil
 }
 
-// callKey is the KeyFunc's key, escaped: the one place a key from a call
+// callKey is key's key of a call, escaped: the one place a key from a call
 // becomes part of a limiter name, so that no KeyFunc, ours or the caller's,
 // can skip it. An error is the status to end the call with.
-func (o *options) callKey(ctx context.Context, method string) (string, error) {
-	key, err := o.key(ctx, method)
+func (o *options) callKey(ctx context.Context, key KeyFunc, method string) (string, error) {
+	k, err := key(ctx, method)
 	if err != nil {
 		o.report(ctx, method, err)
 		if st, ok := status.FromError(err); ok {
@@ -205,7 +214,7 @@ func (o *options) callKey(ctx context.Context, method string) (string, error) {
 		}
 		return "", status.Error(codes.InvalidArgument, err.Error())
 	}
-	return redlimit.KeyPart(key), nil
+	return redlimit.KeyPart(k), nil
 }
 
 // failed maps an error from the limiter to the call's status; nil lets the
@@ -258,9 +267,9 @@ var errAboveLimit = status.Error(codes.ResourceExhausted, "grpclimit: more permi
 
 // denied is the status of a denied call: RetryInfo carries the exact wait,
 // unrounded.
-func denied(res redlimit.Result) error {
+func denied(wait time.Duration) error {
 	st := status.New(codes.ResourceExhausted, "grpclimit: rate limit exceeded")
-	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
 		st = withInfo
 	}
 	return st.Err()

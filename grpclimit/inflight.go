@@ -72,7 +72,7 @@ func (o *options) hold(ctx context.Context, method string, limitFor func(method,
 	if !o.limitAll && grpcService(method) {
 		return nil, nil
 	}
-	key, err := o.callKey(ctx, method)
+	key, err := o.callKey(ctx, o.key, method)
 	if err != nil {
 		return nil, err
 	}

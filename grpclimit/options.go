@@ -11,11 +11,13 @@ import (
 
 // Option configures the interceptors, as redlimit.Option configures a
 // Client. One type serves them all; each reads the options that apply to it
-// and ignores the others. The options, their defaults, and who reads them:
+// and ignores the others. The options, their defaults, and who reads them
+// (of UnaryServerAll and StreamServerAll, WithKey and WithPermits are the
+// defaults of the policies without their own):
 //
 //	WithKey                  PeerIP(): the peer's IPv4 address, or its IPv6 /64 (server)
 //	WithPermits              1 permit per call (rate limits: server and client)
-//	WithPolicy               "default" (server rate limits)
+//	WithPolicy               "default" (server rate limits, but the All interceptors: Policy.Name)
 //	WithFailOpen             off: when Redis is unavailable, fail calls with codes.Unavailable (all)
 //	WithShadowHeaders        off: a decision in shadow mode sets no rate-limit metadata (server rate limits)
 //	WithErrorHook            none (all)

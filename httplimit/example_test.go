@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -97,4 +98,51 @@ func ExampleNew_stacked() {
 	// 429 "per-ip";q=100;w=60, "per-user";q=1;w=60
 	// "per-ip";r=98;t=30, "per-user";r=0;t=30
 	// {"policy":"per-user","retry_after_ms":30000}
+}
+
+// Per client IP and per user, decided at once: a request the per-user
+// limit denies takes nothing from the IP's, which everyone behind that IP
+// shares (stacked New middlewares would have counted it there). One hash
+// tag keeps both limiters in one Redis Cluster slot.
+func ExampleNewAll() {
+	mr, _ := miniredis.Run() // stands in for your Redis
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	now := func() time.Time { return time.Unix(1_800_000_030, 0) } // fixed, for a stable output
+	client := redlimit.New(rdb, redlimit.WithClock(now))
+
+	perIP := func(ip string) *redlimit.Limiter {
+		return client.FixedWindow("{api}ip:" + ip).WithDefault(redlimit.PerMinute(3))
+	}
+	limit := httplimit.NewAll(client, []httplimit.Policy{
+		{Name: "per-ip", Limiter: perIP},
+		{Name: "per-user", Key: httplimit.Header("X-User"), Limiter: func(user string) *redlimit.Limiter {
+			return client.FixedWindow("{api}user:" + user).WithDefault(redlimit.PerMinute(1))
+		}},
+	})
+	handler := limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello\n")
+	}))
+
+	for _, user := range []string{"alice", "alice", "alice", "bob"} {
+		req := httptest.NewRequest("GET", "/", nil) // all from 192.0.2.1
+		req.Header.Set("X-User", user)
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		fmt.Println(user, rec.Code, rec.Header().Get("RateLimit"))
+		if wait := rec.Header().Get("Retry-After"); wait != "" {
+			fmt.Println("Retry-After:", wait)
+		}
+	}
+	left, _ := perIP("192.0.2.1").AvailablePermits(context.Background())
+	fmt.Println("left for the IP:", left)
+	// Output:
+	// alice 200 "per-ip";r=2;t=30, "per-user";r=0;t=30
+	// alice 429 "per-ip";r=2;t=30, "per-user";r=0;t=30
+	// Retry-After: 30
+	// alice 429 "per-ip";r=2;t=30, "per-user";r=0;t=30
+	// Retry-After: 30
+	// bob 200 "per-ip";r=1;t=30, "per-user";r=0;t=30
+	// left for the IP: 1
 }

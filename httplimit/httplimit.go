@@ -32,6 +32,13 @@
 //	RateLimit-Policy: "per-ip";q=100;w=60, "per-user";q=2;w=60
 //	RateLimit: "per-ip";r=97;t=41, "per-user";r=0;t=41
 //
+// Stacked middlewares decide one after the other, so the outer one has
+// counted a request by the time the inner one denies it: a client the
+// per-user limit holds back keeps spending its IP's permits. NewAll
+// decides several policies in one script call instead, counting in none of
+// them unless all grant (redlimit.Client.AllowAll), with the same fields;
+// on a Redis Cluster their limiters' names need one hash tag.
+//
 // A limiter of several rates (redlimit.Config.And) lists each in
 // RateLimit-Policy, in config order, named after the policy and the
 // rate's window written in its largest whole unit (1s, 90s, 1m, 1h, 1d, or
@@ -86,8 +93,14 @@ type Allower interface {
 
 // Decision is what the middleware made of a request. The handlers after it
 // (the next handler, the denied and error handlers) read it with FromContext.
+//
+// Under NewAll, Policy, Key and Result are those of the binding policy (the
+// denial with the longest wait; else the fewest permits left), so a handler
+// written for New reads it as it is; Policies holds every policy's.
 type Decision struct {
-	Policy string // WithPolicy's name
+	// Policy is WithPolicy's name. NewAll's is the binding policy's, or
+	// the one whose KeyFunc failed; "" when the call made no decision.
+	Policy string
 	// Key is what limiterFor was given: the KeyFunc's key through
 	// redlimit.KeyPart, so safe to log; "" when the KeyFunc failed.
 	Key string
@@ -104,6 +117,10 @@ type Decision struct {
 	// request above the limit (413): its Result is the denial (RetryAfter
 	// redlimit.Never) and Err redlimit.ErrPermitsExceedRate.
 	Err error
+	// Policies is, under NewAll, the decision of each policy that had a
+	// limiter for the request, in order: its Policy, Key and Result (zero
+	// when the call made none; Err is the call's, above). nil under New.
+	Policies []Decision
 }
 
 type decisionKey struct{}
@@ -224,15 +241,18 @@ func aboveLimit(d *Decision, permits int64) bool {
 	return true
 }
 
-// requestKey is the KeyFunc's key, escaped: the one place a key from a
+// requestKey is the key WithKey's KeyFunc gives r, escaped (requestKey).
+func (o *options) requestKey(r *http.Request) (string, error) { return requestKey(o.key, r) }
+
+// requestKey is key's key of r, escaped: the one place a key from a
 // request becomes part of a limiter name, so that no KeyFunc, ours or the
 // caller's, can skip it.
-func (o *options) requestKey(r *http.Request) (string, error) {
-	key, err := o.key(r)
+func requestKey(key KeyFunc, r *http.Request) (string, error) {
+	k, err := key(r)
 	if err != nil {
 		return "", err
 	}
-	return redlimit.KeyPart(key), nil
+	return redlimit.KeyPart(k), nil
 }
 
 func withDecision(r *http.Request, d Decision) *http.Request {
@@ -250,6 +270,9 @@ func (o *options) fail(w http.ResponseWriter, r *http.Request, d Decision, statu
 func (o *options) passOpen(w http.ResponseWriter, r *http.Request, next http.Handler, d Decision) {
 	o.report(r, d.Err)
 	d.Result = redlimit.Result{Allowed: true, Reason: redlimit.ReasonFailOpen}
+	for i := range d.Policies {
+		d.Policies[i].Result = d.Result
+	}
 	next.ServeHTTP(w, withDecision(r, d))
 }
 
@@ -270,22 +293,39 @@ func (o *options) report(r *http.Request, err error) {
 // legacy fields, whose remaining and reset would say when to come back, and
 // no wait would help.
 func (o *options) setFields(h http.Header, res redlimit.Result) {
-	f := ratelimitfields.For(o.name, res)
-	appendItem(h, "RateLimit-Policy", f.Policy)
+	f := addItems(h, o.name, res)
 	if f.Limit == "" {
 		return
 	}
 	if !res.Allowed {
 		h.Set("Retry-After", strconv.FormatInt(ratelimitfields.Seconds(f.Effective), 10))
 	}
-	appendItem(h, "RateLimit", f.Limit)
-	if o.legacy {
-		reset := ratelimitfields.Seconds(time.Duration(o.now().Add(f.Effective).UnixNano()))
-		if binds(h, res, reset) {
-			h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
-			h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
-			h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
-		}
+	o.setLegacy(h, res, f)
+}
+
+// addItems appends one decision's items, of the policy quoted as name, to
+// RateLimit-Policy and RateLimit (to the policy only, for a request above
+// the limit: f.Limit ""), and returns them.
+func addItems(h http.Header, name string, res redlimit.Result) ratelimitfields.Fields {
+	f := ratelimitfields.For(name, res)
+	appendItem(h, "RateLimit-Policy", f.Policy)
+	if f.Limit != "" {
+		appendItem(h, "RateLimit", f.Limit)
+	}
+	return f
+}
+
+// setLegacy sets the legacy fields (WithLegacyHeaders) to res, whose
+// fields are f, if it binds tighter than those already set.
+func (o *options) setLegacy(h http.Header, res redlimit.Result, f ratelimitfields.Fields) {
+	if !o.legacy {
+		return
+	}
+	reset := ratelimitfields.Seconds(time.Duration(o.now().Add(f.Effective).UnixNano()))
+	if binds(h, res, reset) {
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
 	}
 }
 

@@ -7,19 +7,20 @@ import (
 	"github.com/redlimit/redlimit/internal/breakerrun"
 )
 
-// Option configures New and InFlight, as redlimit.Option configures a
-// Client. The options and their defaults:
+// Option configures New, NewAll and InFlight, as redlimit.Option configures
+// a Client. The options and their defaults (under NewAll, WithKey and
+// WithPermits are those of the policies without their own):
 //
 //	WithKey            ClientIP(""): RemoteAddr's IPv4 address, or its IPv6 /64; no proxy trusted
-//	WithPermits        1 permit per request (New only)
-//	WithPolicy         "default"
-//	WithLegacyHeaders  off: no X-RateLimit-Limit, -Remaining, -Reset (New only)
+//	WithPermits        1 permit per request (New, NewAll)
+//	WithPolicy         "default" (New, InFlight)
+//	WithLegacyHeaders  off: no X-RateLimit-Limit, -Remaining, -Reset (New, NewAll)
 //	WithFailOpen       off: when Redis is unavailable, answer 503 Service Unavailable
-//	WithShadowHeaders  off: a decision in shadow mode sends no rate-limit fields (New only)
+//	WithShadowHeaders  off: a decision in shadow mode sends no rate-limit fields (New, NewAll)
 //	WithErrorHook      none
 //	WithDeniedHandler  429 Too Many Requests with a text/plain body
 //	WithErrorHandler   400, 500 or 503 with a text/plain body
-//	WithClock          time.Now, read only for X-RateLimit-Reset (New only)
+//	WithClock          time.Now, read only for X-RateLimit-Reset (New, NewAll)
 //	WithMaxWait        0: a full in-flight limit answers at once (InFlight only)
 type Option func(*options)
 
