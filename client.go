@@ -48,6 +48,9 @@ type Client struct {
 	// leases: the leased handles made from the Client and not closed, as
 	// keys, for Close (lease.go).
 	leases sync.Map
+	// hot: the limiters recently decided and the leases of the hot ones,
+	// nil unless WithHotLeases (hot.go).
+	hot *hotLeases
 
 	// clientID and retryWindow as script arguments, boxed once.
 	clientIDArg, retryWindowArg any

@@ -61,13 +61,8 @@ type LeaseStats struct {
 // once.
 func (l *Limiter) WithLease(cfg Lease) *Limiter {
 	d := *l
-	switch {
-	case cfg.Time <= 0:
-		d.err = errors.Join(d.err, fmt.Errorf("%w: lease time %v: must be positive", ErrInvalidConfig, cfg.Time))
-	case cfg.Max < 0:
-		d.err = errors.Join(d.err, fmt.Errorf("%w: lease max %d: must be 0 or more", ErrInvalidConfig, cfg.Max))
-	case !(cfg.Share >= 0 && cfg.Share <= 1): // and not NaN
-		d.err = errors.Join(d.err, fmt.Errorf("%w: lease share %v: must be within 0 to 1", ErrInvalidConfig, cfg.Share))
+	if err := cfg.validate(); err != nil {
+		d.err = errors.Join(d.err, err)
 	}
 	if cfg.Share == 0 {
 		cfg.Share = 0.1
@@ -79,13 +74,27 @@ func (l *Limiter) WithLease(cfg Lease) *Limiter {
 	return &d
 }
 
+// validate says why cfg cannot be a lease's, wrapping ErrInvalidConfig.
+func (cfg Lease) validate() error {
+	switch {
+	case cfg.Time <= 0:
+		return fmt.Errorf("%w: lease time %v: must be positive", ErrInvalidConfig, cfg.Time)
+	case cfg.Max < 0:
+		return fmt.Errorf("%w: lease max %d: must be 0 or more", ErrInvalidConfig, cfg.Max)
+	case !(cfg.Share >= 0 && cfg.Share <= 1): // and not NaN
+		return fmt.Errorf("%w: lease share %v: must be within 0 to 1", ErrInvalidConfig, cfg.Share)
+	}
+	return nil
+}
+
 // Close gives back what every leased handle made from the Client holds
 // unused, and makes them decide in Redis from then on (Limiter.Close): for
 // a service's shutdown, so that its blocks serve the other instances at
-// once rather than when their lease time is up. It does not close the
-// go-redis client, which the caller owns.
+// once rather than when their lease time is up. It ends hot leases too
+// (WithHotLeases): their blocks go back, and no limiter is leased again. It
+// does not close the go-redis client, which the caller owns.
 func (c *Client) Close(ctx context.Context) error {
-	var errs []error
+	errs := []error{c.hot.close(ctx)}
 	c.leases.Range(func(h, _ any) bool {
 		errs = append(errs, h.(*Limiter).Close(ctx))
 		return true

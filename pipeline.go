@@ -18,7 +18,8 @@ import (
 // A decision's road, in one direction. decide runs it through the layers,
 // each with its own state and each skipped when its option is off:
 //
-//  1. the handle's lease (lease.go): a block of permits taken earlier;
+//  1. the handle's lease (lease.go), or the Client's on the limiter while
+//     it is hot (hot.go): a block of permits taken earlier;
 //  2. the Client's cache of denials (local_cache.go);
 //  3. Redis: ask, the one road to the transport (internal/evalsha), with
 //     the arguments and reply internal/wire declares;
@@ -37,8 +38,14 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 	// A caller that has given up goes to Redis, which tells it so, rather
 	// than to a lease or a cached denial.
 	local := permits > 0 && l.err == nil && ctx.Err() == nil
-	if local && l.lease != nil {
-		r, err, served = l.lease.allow(ctx, l, permits)
+	leased := l
+	if local && l.lease == nil && c.hot != nil {
+		// The Client's lease on the limiter while it is hot here (hot.go).
+		leased, err = c.hot.lease(ctx, l)
+		served = err != nil
+	}
+	if local && !served && leased != nil && leased.lease != nil {
+		r, err, served = leased.lease.allow(ctx, leased, permits)
 	}
 	if local && !served && c.denials != nil {
 		r, served = c.denials.lookup(l.denial, permits, c.clock())
@@ -92,14 +99,17 @@ func (c *Client) tell(l *Limiter, permits int64, r Result, err error, start time
 }
 
 // forget drops what the layers hold of the limiter, after a local change
-// that may free permits sooner than they say: the Client's cached denials
-// and a leased handle's own.
+// that may free permits sooner than they say: the Client's cached denials,
+// a leased handle's own, and the Client's hot leases on the limiter.
 func (l *Limiter) forget() {
 	if l.client.denials != nil && l.err == nil {
 		l.client.denials.forget(l.denial)
 	}
 	if l.lease != nil {
 		l.lease.forgetDenial()
+	}
+	if l.client.hot != nil && l.err == nil {
+		l.client.hot.forget(l.denial)
 	}
 }
 
