@@ -392,8 +392,6 @@ func (t *hotLeases) forget(key string) {
 	}
 	t.mu.RUnlock()
 	for _, s := range leases {
-		s.mu.Lock()
-		s.deniedUntil = time.Time{}
-		s.mu.Unlock()
+		s.forgetDenial()
 	}
 }
