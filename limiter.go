@@ -405,7 +405,7 @@ func (l *Limiter) Charge(ctx context.Context, permits int64) (Result, error) {
 	}
 	start := time.Now()
 	r, _, err := l.ask(ctx, request{op: opCharge, permits: permits})
-	l.client.tell(l, permits, r, err, start, false)
+	l.client.tell(l, permits, r, err, start)
 	return r, err
 }
 

@@ -37,7 +37,7 @@ func (l *Limiter) Reserve(ctx context.Context, permits int64) (Reservation, erro
 		err = aboveLimit(r, permits)
 	}
 	r, err, open := l.client.settle(ctx, l, r, err)
-	l.client.tell(l, permits, r, err, start, false)
+	l.client.tell(l, permits, r, err, start)
 	if open {
 		err = nil
 	}
