@@ -30,15 +30,11 @@ package redlimit
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -58,8 +54,6 @@ const (
 	fiProcesses  = 3
 	fiGoroutines = 16 // per process, a quarter on each algorithm's limiter
 	fiChildTime  = 30 * time.Second
-	// fiChildEnv carries a child's spec (JSON); without it TestFaultInjectionChild skips.
-	fiChildEnv = "REDLIMIT_FAULT_CHILD"
 )
 
 // fiProfiles are the ways the three children talk to Redis, by process.
@@ -136,16 +130,12 @@ func causeOf(err error) string {
 	return "other"
 }
 
-// TestFaultInjectionChild is a child process of TestFaultInjection and
-// TestRestartOverAdmission. It prints a fiTally per limiter as JSON.
-func TestFaultInjectionChild(t *testing.T) {
-	raw := os.Getenv(fiChildEnv)
-	if raw == "" {
-		t.Skip("runs only as a child process of TestFaultInjection and TestRestartOverAdmission")
-	}
+// faultChild is a child of TestFaultInjection and TestRestartOverAdmission:
+// it acquires as its fiSpec says and reports a fiTally per limiter.
+func faultChild(t *testing.T, raw []byte) any {
 	var spec fiSpec
-	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
-	require.NoError(t, json.NewEncoder(os.Stdout).Encode(runFaultChild(spec)))
+	decodeSpec(t, raw, &spec)
+	return runFaultChild(spec)
 }
 
 func runFaultChild(spec fiSpec) []fiTally {
@@ -218,43 +208,16 @@ func runFaultChildren(t *testing.T, spec fiSpec, during func()) ([]fiTally, time
 	ctx, cancel := context.WithTimeout(context.Background(), fiChildTime+10*time.Second)
 	defer cancel()
 	began := time.Now()
-	outs, errs := make([]string, fiProcesses), make([]error, fiProcesses)
-	stdins := make([]io.WriteCloser, fiProcesses)
-	var wg sync.WaitGroup
-	for p := range fiProcesses {
+	specs := make([]any, fiProcesses)
+	for p := range specs {
 		s := spec
 		s.Profile = p
-		raw, err := json.Marshal(s)
-		require.NoError(t, err)
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFaultInjectionChild$", "-test.count=1", "-test.timeout=60s")
-		cmd.Env = append(os.Environ(), fiChildEnv+"="+string(raw))
-		stdins[p], err = cmd.StdinPipe()
-		require.NoError(t, err)
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		require.NoError(t, cmd.Start())
-		wg.Go(func() {
-			err := cmd.Wait()
-			// Past the tallies, the test binary prints its verdict (PASS).
-			outs[p], _, _ = strings.Cut(stdout.String(), "PASS\n")
-			if err != nil {
-				errs[p] = fmt.Errorf("child %d: %w\nstdout tail: %s\nstderr: %s", p, err, tail(stdout.String(), 2000), stderr.String())
-			}
-		})
+		specs[p] = s
 	}
-	if during != nil {
-		during()
-	}
-	for _, in := range stdins {
-		in.Close()
-	}
-	wg.Wait()
+	children := runChildren[[]fiTally](ctx, t, "faults", specs, during)
 	took := time.Since(began)
-	require.NoError(t, errors.Join(errs...))
 	total := make([]fiTally, len(spec.Names))
-	for p, out := range outs {
-		var child []fiTally
-		require.NoError(t, json.Unmarshal([]byte(out), &child), "child %d", p)
+	for p, child := range children {
 		require.Len(t, child, len(total), "child %d", p)
 		for i := range total {
 			total[i].add(child[i])
