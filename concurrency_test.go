@@ -407,22 +407,6 @@ func place(a algo, cfg Config, d decision) (placed, error) {
 	return placed{end - d.Reset, end - d.Reset}, nil
 }
 
-func ceilDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) == (b < 0) {
-		q++
-	}
-	return q
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
-
 // breaches returns the first breaches of algorithm's guarantee among grants
 // sorted by lo, each grant placed where it is most favourable to the library.
 func breaches(a algo, cfg Config, grants []placed) []string {
