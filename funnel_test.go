@@ -117,11 +117,11 @@ func TestFunnelMatchesModel(t *testing.T) {
 func TestFunnelDrainsSmoothly(t *testing.T) {
 	s := time.Second
 	stepTable(t, (*Client).Funnel, Config{Rate: 10, Interval: 10 * time.Second, Burst: 3}, []step{
-		{0, 3, true, 0, 0, 3 * s},
-		{0, 1, false, 0, 1 * s, 3 * s},
-		{500 * time.Millisecond, 1, false, 0, 500 * time.Millisecond, 2500 * time.Millisecond},
-		{1 * s, 1, true, 0, 0, 3 * s}, // one permit leaks out every second
-		{1 * s, 4, false, 0, -1, 3 * s},
-		{10 * s, 2, true, 1, 0, 2 * s},
+		{0, 3, true, 0, 0, 3 * s, 0},
+		{0, 1, false, 0, 1 * s, 3 * s, 0},
+		{500 * time.Millisecond, 1, false, 0, 500 * time.Millisecond, 2500 * time.Millisecond, 0},
+		{1 * s, 1, true, 0, 0, 3 * s, 0}, // one permit leaks out every second
+		{1 * s, 4, false, 0, -1, 3 * s, 0},
+		{10 * s, 2, true, 1, 0, 2 * s, 0},
 	})
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -162,15 +161,6 @@ func snapshot(t *testing.T, rdb redis.UniversalClient, name string) map[string]s
 	return out
 }
 
-type step struct {
-	at        time.Duration // clock position, from epoch
-	permits   int64
-	allowed   bool
-	remaining int64
-	retry     time.Duration
-	reset     time.Duration
-}
-
 // limiter is a limiter of this algorithm with a name of its own, on a
 // client deciding on a fresh controlled clock.
 func (a algo) limiter(t *testing.T, rdb redis.UniversalClient) *Limiter {
@@ -202,26 +192,6 @@ func assertConfig(t *testing.T, l *Limiter, want Config, msgAndArgs ...any) {
 	assert.Equal(t, want, got, msgAndArgs...)
 }
 
-// stepTable plays steps, on every backend, against a limiter newLimiter
-// makes with cfg as its default, on a fresh controlled clock.
-func stepTable(t *testing.T, newLimiter func(c *Client, name string) *Limiter, cfg Config, steps []step) {
-	stepsAcrossSetRate(t, newLimiter, cfg, steps, Config{}, nil)
-}
-
-// stepsAcrossSetRate is stepTable, then SetRate(next) unless next is zero,
-// then the steps after.
-func stepsAcrossSetRate(t *testing.T, newLimiter func(c *Client, name string) *Limiter, cfg Config, steps []step, next Config, after []step) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		clk := newClock()
-		l := newLimiter(newClient(rdb, clk), uniqueName(t)).WithDefault(cfg)
-		runSteps(t, l, clk, steps)
-		if !reflect.DeepEqual(next, Config{}) {
-			require.NoError(t, l.SetRate(context.Background(), next))
-			runSteps(t, l, clk, after)
-		}
-	})
-}
-
 // eachUnprefixedBackend is eachBackend but for cluster-tagged, for tests
 // that spell out Redisson's key names.
 func eachUnprefixedBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
@@ -240,17 +210,6 @@ func ownServer(t *testing.T) (admin, rdb *redis.Client) {
 	rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	return srv.Client(t), rdb
-}
-
-// run plays steps against l on clk, asserting every field of every Result.
-func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
-	t.Helper()
-	for i, s := range steps {
-		clk.Set(epoch.Add(s.at))
-		r, err := allowAny(context.Background(), l, s.permits)
-		require.NoError(t, err, "step %d", i)
-		assert.Equal(t, s, step{s.at, s.permits, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter}, "step %d at %v", i, s.at)
-	}
 }
 
 // --- The suite every algorithm passes, on every backend. ---

@@ -453,39 +453,6 @@ func TestMultiRateChecksCatchBreaches(t *testing.T) {
 	}
 }
 
-// want is the Result of a limiter whose rates report quotas: Limit and
-// Window are the bound rate's; Quotas and Bound only with several rates.
-func want(quotas []Quota, allowed bool, remaining int64, retry, reset time.Duration, bound int) Result {
-	r := Result{Allowed: allowed, Limit: quotas[bound].Limit, Remaining: remaining, RetryAfter: retry, ResetAfter: reset,
-		Window: quotas[bound].Window}
-	if len(quotas) > 1 {
-		r.Bound, r.Quotas = bound, quotas
-	}
-	return r
-}
-
-// multiStep is one Allow at a fixed instant and its whole Result; the
-// Result's Limit, Window and Quotas come from the config in force.
-type multiStep struct {
-	at        time.Duration
-	permits   int64
-	allowed   bool
-	remaining int64
-	retry     time.Duration
-	reset     time.Duration
-	bound     int
-}
-
-func runMultiSteps(t *testing.T, l *Limiter, clk *clock, cfg Config, steps []multiStep) {
-	t.Helper()
-	for i, s := range steps {
-		clk.Set(epoch.Add(s.at))
-		got, err := allowAny(context.Background(), l, s.permits)
-		require.NoError(t, err, "step %d", i)
-		assert.Equal(t, want(quotasOf(cfg), s.allowed, s.remaining, s.retry, s.reset, s.bound), got, "step %d: %d at %v under %v", i, s.permits, s.at, cfg)
-	}
-}
-
 func TestMultiRateConfigRoundTrip(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
@@ -543,14 +510,14 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 	s := time.Second
 	a0 := Per(5, 10*s).And(PerHour(20))
 	b := Per(15, 10*time.Minute).And(PerHour(20)) // 10s goes, 10min comes, 1h stays
-	steps := map[string]struct{ before, after []multiStep }{
+	steps := map[string]struct{ before, after []step }{
 		fixedWindowAlgo.name: {
-			before: []multiStep{
+			before: []step{
 				{0, 4, true, 1, 0, 3600 * s, 0},
 				{10 * s, 0, true, 5, 0, 3590 * s, 0},
 				{10 * s, 3, true, 2, 0, 3590 * s, 0}, // 7 in the hour
 			},
-			after: []multiStep{
+			after: []step{
 				{10 * s, 0, true, 13, 0, 3590 * s, 1}, // the hour's 7 kept; the 10s's 3 not carried over
 				{10 * s, 10, true, 3, 0, 3590 * s, 1},
 				{600 * s, 4, false, 3, 3000 * s, 3000 * s, 1},
@@ -558,12 +525,12 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 			},
 		},
 		slidingWindowAlgo.name: { // sub-windows of 1s, 1min and 6min
-			before: []multiStep{
+			before: []step{
 				{0, 4, true, 1, 0, 3600 * s, 0},
 				{10 * s, 0, true, 5, 0, 3590 * s, 0},
 				{10 * s, 3, true, 2, 0, 3590 * s, 0},
 			},
-			after: []multiStep{
+			after: []step{
 				{10 * s, 0, true, 13, 0, 3590 * s, 1},
 				{10 * s, 10, true, 3, 0, 3590 * s, 1},
 				{600 * s, 4, false, 3, 3000 * s, 3000 * s, 1},
@@ -571,12 +538,12 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 			},
 		},
 		funnelAlgo.name: { // a permit leaks out every 2s, 3min; then every 40s, 3min
-			before: []multiStep{
+			before: []step{
 				{0, 4, true, 1, 0, 720 * s, 0},
 				{10 * s, 0, true, 5, 0, 710 * s, 0},
 				{10 * s, 3, true, 2, 0, 1250 * s, 0},
 			},
-			after: []multiStep{
+			after: []step{
 				{10 * s, 0, true, 13, 0, 1250 * s, 1},
 				{10 * s, 10, true, 3, 0, 3050 * s, 1},
 				{600 * s, 7, false, 6, 120 * s, 2460 * s, 1}, // 3 more leaked out of the hour's rate by 600s
@@ -592,9 +559,9 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t))
 		require.NoError(t, l.SetRate(context.Background(), a0))
-		runMultiSteps(t, l, clk, a0, st.before)
+		runSteps(t, l, clk, a0, st.before)
 		require.NoError(t, l.SetRate(context.Background(), b))
-		runMultiSteps(t, l, clk, b, st.after)
+		runSteps(t, l, clk, b, st.after)
 	})
 }
 
@@ -609,9 +576,9 @@ func TestMultiRateTokenBucketSetRate(t *testing.T) {
 		clk := newClock()
 		l := newClient(rdb, clk).TokenBucket(uniqueName(t))
 		require.NoError(t, l.SetRate(context.Background(), one))
-		runMultiSteps(t, l, clk, one, []multiStep{{0, 3, true, 2, 0, 10 * s, 0}})
+		runSteps(t, l, clk, one, []step{{0, 3, true, 2, 0, 10 * s, 0}})
 		require.NoError(t, l.SetRate(context.Background(), two))
-		runMultiSteps(t, l, clk, two, []multiStep{
+		runSteps(t, l, clk, two, []step{
 			{0, 0, true, 2, 0, 10 * s, 0},
 			{0, 3, false, 2, 10 * s, 10 * s, 0},
 			{10 * s, 5, true, 0, 0, 3600 * s, 0},
@@ -627,7 +594,7 @@ func TestMultiRateSetRateAddsARate(t *testing.T) {
 	s := time.Second
 	one := Per(5, 10*s)
 	two := one.And(PerHour(8))
-	steps := map[string][]multiStep{
+	steps := map[string][]step{
 		fixedWindowAlgo.name: {
 			{0, 0, true, 2, 0, 10 * s, 0},
 			{10 * s, 5, true, 0, 0, 3590 * s, 0},
@@ -655,9 +622,9 @@ func TestMultiRateSetRateAddsARate(t *testing.T) {
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t))
 		require.NoError(t, l.SetRate(context.Background(), one))
-		runMultiSteps(t, l, clk, one, []multiStep{{0, 3, true, 2, 0, map[bool]time.Duration{true: 6 * s, false: 10 * s}[a.name == funnelAlgo.name], 0}})
+		runSteps(t, l, clk, one, []step{{0, 3, true, 2, 0, map[bool]time.Duration{true: 6 * s, false: 10 * s}[a.name == funnelAlgo.name], 0}})
 		require.NoError(t, l.SetRate(context.Background(), two))
-		runMultiSteps(t, l, clk, two, st)
+		runSteps(t, l, clk, two, st)
 	})
 }
 
@@ -671,30 +638,30 @@ func TestMultiRateBoundTies(t *testing.T) {
 	for _, c := range []struct {
 		a     algo
 		cfg   Config
-		steps []multiStep
+		steps []step
 	}{
-		{fixedWindowAlgo, windows, []multiStep{
+		{fixedWindowAlgo, windows, []step{
 			{0, 2, true, 0, 0, 3600 * s, 0},
 			{60 * s, 2, true, 0, 0, 3540 * s, 0},
 			{120 * s, 0, true, 2, 0, 3480 * s, 0},
 			{3540 * s, 2, true, 0, 0, 60 * s, 0},
 			{3540 * s, 1, false, 0, 60 * s, 60 * s, 0},
 		}},
-		{slidingWindowAlgo, windows, []multiStep{ // sub-windows of 6s and 6min
+		{slidingWindowAlgo, windows, []step{ // sub-windows of 6s and 6min
 			{0, 2, true, 0, 0, 3600 * s, 0},
 			{60 * s, 2, true, 0, 0, 3540 * s, 0},
 			{120 * s, 0, true, 2, 0, 3480 * s, 0},
 			{3540 * s, 2, true, 0, 0, 3300 * s, 0}, // the hour's sub-window 9 leaves at 6840s
 			{3540 * s, 1, false, 0, 60 * s, 3300 * s, 0},
 		}},
-		{tokenBucketAlgo, windows, []multiStep{
+		{tokenBucketAlgo, windows, []step{
 			{0, 2, true, 0, 0, 3600 * s, 0},
 			{60 * s, 2, true, 0, 0, 3600 * s, 0},
 			{120 * s, 0, true, 2, 0, 3540 * s, 0},
 			{3540 * s, 2, true, 0, 0, 3600 * s, 0},
 			{3540 * s, 1, false, 0, 60 * s, 3600 * s, 0},
 		}},
-		{funnelAlgo, funnelCfg, []multiStep{
+		{funnelAlgo, funnelCfg, []step{
 			{0, 2, true, 2, 0, 30 * s, 0},
 			{0, 1, true, 1, 0, 45 * s, 0},
 		}},
@@ -703,7 +670,7 @@ func TestMultiRateBoundTies(t *testing.T) {
 			eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 				clk := newClock()
 				l := c.a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(c.cfg)
-				runMultiSteps(t, l, clk, c.cfg, c.steps)
+				runSteps(t, l, clk, c.cfg, c.steps)
 			})
 		})
 	}
