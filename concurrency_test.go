@@ -175,7 +175,7 @@ func runConcChild(spec concSpec) (*concReport, error) {
 		}
 	}
 	// No retries and no timeouts to speak of: a re-sent script is counted
-	// once (TestFaultStall proves it) but reports its first run's grant with
+	// once (TestHangStallUnderLoad proves it) but reports its first run's grant with
 	// the time of the re-run, which is not when the grant was made.
 	const patient = time.Minute
 	var rdb redis.Scripter
