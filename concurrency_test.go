@@ -1,7 +1,7 @@
 package redlimit
 
 // Exactness under concurrency: several OS processes (this test binary run
-// again as TestConcurrencyChild) × 64 goroutines each hammer a few shared
+// again as a "concurrency" child: startChild) × 64 goroutines each hammer a few shared
 // limiters on a real redis-server and on the Redis Cluster, deciding on Redis
 // TIME. Every decision comes back with the server time it was made at, and
 // the parent proves, over the whole run, both halves of exactness:
@@ -46,16 +46,11 @@ package redlimit
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"slices"
 	"sort"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -72,8 +67,6 @@ const (
 	concGoroutines = 64
 	concDuration   = 2 * time.Second
 	concLimiters   = 3
-	// concChildEnv carries a child's spec (JSON); without it TestConcurrencyChild skips.
-	concChildEnv = "REDLIMIT_CONCURRENCY_CHILD"
 )
 
 // concConfig binds hard: 20 permits a second per limiter, when the children
@@ -81,8 +74,8 @@ const (
 // (-race, two cores that other test runs share) is at its slowest.
 func concConfig(a algo) Config { return a.tune(Per(10, 500*time.Millisecond), 5, 10) }
 
-// childSpec tells a child what to hammer, where and when.
-type childSpec struct {
+// concSpec tells a child what to hammer, where and when.
+type concSpec struct {
 	Algorithm  string   `json:"algorithm"`
 	Algorithms []string `json:"algorithms,omitempty"` // each limiter's, in place of Algorithm
 	Addrs      []string `json:"addrs"`
@@ -157,21 +150,18 @@ func (h timeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// TestConcurrencyChild is a child process of TestExactnessUnderConcurrency.
-// It prints its childReport as JSON.
-func TestConcurrencyChild(t *testing.T) {
-	raw := os.Getenv(concChildEnv)
-	if raw == "" {
-		t.Skip("runs only as a child process of TestExactnessUnderConcurrency")
-	}
-	var spec childSpec
-	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
-	report, err := runChild(spec)
+// concurrencyChild is a child of TestExactnessUnderConcurrency and
+// TestMultiRateExactUnderConcurrency: it hammers the limiters its concSpec
+// names and reports a concReport.
+func concurrencyChild(t *testing.T, raw []byte) any {
+	var spec concSpec
+	decodeSpec(t, raw, &spec)
+	report, err := runConcChild(spec)
 	require.NoError(t, err)
-	require.NoError(t, json.NewEncoder(os.Stdout).Encode(report))
+	return report
 }
 
-func runChild(spec childSpec) (*childReport, error) {
+func runConcChild(spec concSpec) (*concReport, error) {
 	ctx := context.Background()
 	algs := make([]algo, len(spec.Names))
 	for i := range algs {
@@ -185,7 +175,7 @@ func runChild(spec childSpec) (*childReport, error) {
 		}
 	}
 	// No retries and no timeouts to speak of: a re-sent script is counted
-	// once (TestFaultStall proves it) but reports its first run's grant with
+	// once (TestHangStallUnderLoad proves it) but reports its first run's grant with
 	// the time of the re-run, which is not when the grant was made.
 	const patient = time.Minute
 	var rdb redis.Scripter
@@ -245,7 +235,7 @@ func runChild(spec childSpec) (*childReport, error) {
 	})()
 	tail := time.Since(time.UnixMicro(spec.Stop))
 
-	report := &childReport{Late: late, Tail: tail}
+	report := &concReport{Late: late, Tail: tail}
 	report.Batches, report.Batched = client.transport.BatchStats()
 	for _, tl := range tallies {
 		report.Decisions = append(report.Decisions, tl.decisions...)
@@ -259,9 +249,9 @@ func runChild(spec childSpec) (*childReport, error) {
 	return report, nil
 }
 
-// childReport is what a child says of its run, and what the children said
+// concReport is what a child says of its run, and what the children said
 // together.
-type childReport struct {
+type concReport struct {
 	Decisions []decision
 	Errors    int
 	First     []string      // the first errors' texts
@@ -274,14 +264,14 @@ type childReport struct {
 
 // batchesFormed logs the batches the children sent and requires that some
 // formed, so that the exactness checked covers batched decisions.
-func batchesFormed(t *testing.T, r childReport) {
+func batchesFormed(t *testing.T, r concReport) {
 	t.Helper()
 	require.NotZero(t, r.Batches, "no batch formed")
 	t.Logf("%d of %d decisions in %d batches, %.1f each", r.Batched, len(r.Decisions), r.Batches, float64(r.Batched)/float64(r.Batches))
 }
 
 // add merges a child's report into r.
-func (r *childReport) add(child childReport) {
+func (r *concReport) add(child concReport) {
 	r.Decisions = append(r.Decisions, child.Decisions...)
 	r.Errors += child.Errors
 	r.First = append(r.First, child.First...)
@@ -293,7 +283,7 @@ func (r *childReport) add(child childReport) {
 }
 
 // of returns the decisions of limiter i.
-func (r *childReport) of(i int) []decision {
+func (r *concReport) of(i int) []decision {
 	var out []decision
 	for _, d := range r.Decisions {
 		if d.Limiter == i {
@@ -347,12 +337,12 @@ func TestExactnessUnderConcurrency(t *testing.T) {
 							require.NoError(t, a.new(New(rdb), names[i]).SetRate(context.Background(), cfg))
 						}
 						start := time.Now().Add(time.Second) // the children's start-up, before it
-						spec := childSpec{
+						spec := concSpec{
 							Algorithm: a.name, Addrs: addrs, Cluster: b.name == "cluster", Names: names,
 							Goroutines: concGoroutines, Start: start.UnixMicro(), Stop: start.Add(concDuration).UnixMicro(),
 						}
 						began := time.Now()
-						report := runChildren(t, spec)
+						report := concChildren(t, spec)
 						require.Zero(t, report.Errors, "errors in the children: %v", report.First)
 						t.Logf("run %d: %v; the latest child ready %v before the start, calls done %v after the stop; slowest call %v",
 							attempt, time.Since(began).Round(time.Millisecond), -report.Late.Round(time.Millisecond), report.Tail.Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
@@ -376,48 +366,20 @@ func TestExactnessUnderConcurrency(t *testing.T) {
 	}
 }
 
-// runChildren runs concProcesses children on spec and gathers their reports.
-func runChildren(t *testing.T, spec childSpec) childReport {
+// concChildren runs concProcesses children on spec and gathers their reports.
+func concChildren(t *testing.T, spec concSpec) concReport {
 	t.Helper()
-	raw, err := json.Marshal(spec)
-	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	outs := make([]string, concProcesses)
-	errs := make([]error, concProcesses)
-	var wg sync.WaitGroup
-	for p := range outs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestConcurrencyChild$", "-test.count=1", "-test.timeout=30s")
-			cmd.Env = append(os.Environ(), concChildEnv+"="+string(raw))
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
-			// Past the decisions, the test binary prints its verdict (PASS).
-			outs[p], _, _ = strings.Cut(string(out), "PASS\n")
-			if err != nil {
-				errs[p] = fmt.Errorf("child %d: %w\nstdout tail: %s\nstderr: %s", p, err, tail(string(out), 2000), stderr.String())
-			}
-		}()
+	specs := make([]any, concProcesses)
+	for p := range specs {
+		specs[p] = spec
 	}
-	wg.Wait()
-	require.NoError(t, errors.Join(errs...))
-	report := childReport{Late: math.MinInt64}
-	for p, out := range outs {
-		var child childReport
-		require.NoError(t, json.Unmarshal([]byte(out), &child), "child %d", p)
+	report := concReport{Late: math.MinInt64}
+	for _, child := range runChildren[concReport](ctx, t, "concurrency", specs, nil) {
 		report.add(child)
 	}
 	return report
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "…" + s[len(s)-n:]
 }
 
 // placed is a decision where the server made it: at some µs in [lo, hi];
@@ -443,22 +405,6 @@ func place(a algo, cfg Config, d decision) (placed, error) {
 		return p, nil // a bracket wider than the grid: keep it
 	}
 	return placed{end - d.Reset, end - d.Reset}, nil
-}
-
-func ceilDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) == (b < 0) {
-		q++
-	}
-	return q
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
 }
 
 // breaches returns the first breaches of algorithm's guarantee among grants
@@ -589,7 +535,7 @@ func utilization(a algo, cfg Config, grants []placed, start, stop int64) (grante
 // checkExactness proves, on one limiter's decisions over a run, that it
 // never granted more than its guarantee allows nor denied what it allows,
 // and returns how many it granted and denied.
-func checkExactness(t *testing.T, a algo, cfg Config, spec childSpec, decisions []decision) (granted, denied int) {
+func checkExactness(t *testing.T, a algo, cfg Config, spec concSpec, decisions []decision) (granted, denied int) {
 	t.Helper()
 	var grants, denials []placed
 	var exact int
@@ -678,12 +624,12 @@ func multiRateRuns(t *testing.T, b concBackend, defaults bool) {
 			}
 		}
 		start := time.Now().Add(time.Second) // the children's start-up, before it
-		spec := childSpec{
+		spec := concSpec{
 			Algorithms: algs, Addrs: addrs, Cluster: b.name == "cluster", Names: names, Defaults: defaults,
 			Goroutines: concGoroutines, Start: start.UnixMicro(), Stop: start.Add(multiConcDuration).UnixMicro(),
 		}
 		began := time.Now()
-		report := runChildren(t, spec)
+		report := concChildren(t, spec)
 		require.Zero(t, report.Errors, "errors in the children: %v", report.First)
 		t.Logf("run %d: %v; slowest call %v", attempt, time.Since(began).Round(time.Millisecond), report.Slowest.Round(time.Millisecond))
 		batchesFormed(t, report)

@@ -2,16 +2,16 @@ package redlimit
 
 import (
 	"context"
-	"strings"
+	"errors"
+	"net"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/evalsha"
-	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // Every error reply of Redis is classed by its kind, wherever a script met
@@ -73,98 +73,76 @@ func TestErrorClassOfReplies(t *testing.T) {
 	}
 }
 
-// A full Redis (maxmemory, noeviction) is an outage for every algorithm,
-// with the request log (WithRetryWindow) or without, Overall or PerClient,
-// the rate stored or a default: ErrUnavailable with the OOM kept, never
-// ErrCorruptState; WithFailOpen grants, and nothing is half-written.
-func TestErrorClassFullRedis(t *testing.T) {
-	ctx := context.Background()
-	admin, rdb := ownServer(t)
-	type pair struct {
-		name         string
-		closed, open *Limiter
-	}
-	var pairs []pair
-	for _, window := range []time.Duration{0, 15 * time.Second} {
-		closed, open := New(rdb, WithRetryWindow(window)), New(rdb, WithRetryWindow(window), WithFailOpen())
-		for _, a := range algorithms {
-			for _, cfg := range []Config{PerHour(10), {Type: PerClient, Rate: 10, Interval: time.Hour}} {
-				what := a.name + "/" + cfg.Type.String() + "/retry window " + window.String()
-				stored := uniqueName(t) + "-" + what + "-stored"
-				require.NoError(t, a.new(closed, stored).SetRate(ctx, cfg))
-				dflt := uniqueName(t) + "-" + what + "-default"
-				pairs = append(pairs,
-					pair{what + "/stored", a.new(closed, stored), a.new(open, stored)},
-					pair{what + "/default", a.new(closed, dflt).WithDefault(cfg), a.new(open, dflt).WithDefault(cfg)})
-			}
-		}
-	}
-	for _, p := range pairs {
-		for range 3 {
-			ok, err := p.closed.TryAcquire(ctx, 1)
-			require.NoError(t, err, p.name)
-			require.True(t, ok, p.name)
-		}
-	}
-	before := map[string]map[string]string{}
-	for _, p := range pairs {
-		before[p.name] = limiterDump(t, admin, p.closed)
-	}
-	setMaxmemory(t, admin, "noeviction", 1<<20)
-	_, oom := fillUntilOOM(t, admin, 8<<20)
-	require.True(t, oom)
-	setMaxmemory(t, admin, "noeviction", -256<<10)
-	t.Cleanup(func() { admin.ConfigSet(context.Background(), "maxmemory", "0") })
+// fakeRefusal is a reply from Redis, for scriptError's table.
+type fakeRefusal string
 
-	for _, p := range pairs {
-		ok, err := p.closed.TryAcquire(ctx, 1)
-		assert.False(t, ok, p.name)
-		assert.ErrorIs(t, err, ErrUnavailable, p.name)
-		assert.NotErrorIs(t, err, ErrCorruptState, p.name)
-		assert.ErrorContains(t, err, "OOM", "%s: the cause is kept", p.name)
-		if err != nil {
-			assert.NotContains(t, err.Error(), "corrupt", p.name)
-		}
-		ok, err = p.open.TryAcquire(ctx, 1)
-		assert.NoError(t, err, p.name)
-		assert.True(t, ok, "%s: fail-open grants", p.name)
-		assert.Equal(t, before[p.name], limiterDump(t, admin, p.closed), "%s: nothing half-written", p.name)
-	}
-}
+func (e fakeRefusal) Error() string { return string(e) }
 
-// An ACL user that lacks one command the scripts run gets ErrMisconfigured,
-// never failed open, whose message names the key and the command (Redis 7.2
-// and later say it; on 7.0 and 6.2 the script's line tells it), and never
-// says "corrupt". CI runs it on every server of its matrix.
-func TestErrorClassACL(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	admin := srv.Client(t)
-	version := infoValue(t, admin, "server", "redis_version")
-	for _, tc := range []struct {
-		lacks  string
-		window time.Duration
-		call   func(l *Limiter) error
+func (fakeRefusal) RedisError() {}
+
+// Which replies are misconfiguration, which are outages.
+func TestScriptErrorKinds(t *testing.T) {
+	background := context.Background()
+	canceled, cancel := context.WithCancel(background)
+	cancel()
+	expired, cancelExpired := context.WithDeadline(background, time.Now().Add(-time.Second))
+	defer cancelExpired()
+	type reply struct {
+		ctx context.Context
+		err error
+	}
+	refusals := func(texts ...string) (replies []reply) {
+		for _, text := range texts {
+			replies = append(replies, reply{background, fakeRefusal(text)})
+		}
+		return replies
+	}
+	for _, kind := range []struct {
+		want    []error
+		replies []reply
 	}{
-		// SetRate lists the registry of clients (ZRANGE).
-		{"zrange", 0, func(l *Limiter) error { return l.SetRate(ctx, tenPer10s) }},
-		// A decision with the request log adds its id (ZADD).
-		{"zadd", 15 * time.Second, func(l *Limiter) error { _, err := l.WithDefault(tenPer10s).Allow(ctx, 1); return err }},
+		{[]error{ErrMisconfigured}, refusals(
+			"NOPERM this user has no permissions to access one of the keys used as arguments",
+			"NOPERM this user has no permissions to run the 'evalsha' command",
+			"NOAUTH Authentication required.",
+			"WRONGPASS invalid username-password pair or user is disabled.",
+			"ERR unknown command 'EVALSHA', with args beginning with: ",
+			"ERR unknown subcommand 'LOAD'. Try SCRIPT HELP.",
+			"ERR DB index is out of range",
+			"ERR The user executing the script can't access at least one of the keys mentioned in the command arguments script: 3b0b, on @user_script:1.",
+		)},
+		{[]error{ErrUnavailable}, append(refusals(
+			"LOADING Redis is loading the dataset in memory",
+			"OOM command not allowed when used memory > 'maxmemory'.",
+			"READONLY You can't write against a read only replica.",
+			"BUSY Redis is busy running a script.",
+		), reply{background, &net.OpError{Op: "dial", Err: errors.New("connection refused")}})},
+		{[]error{ErrNotInitialized}, refusals("ERR REDLIMIT not initialized x")},
+		// The caller's own cancellation is not an outage: WithFailOpen
+		// must not grant a caller that is gone.
+		{[]error{context.Canceled}, []reply{
+			{canceled, context.Canceled},
+			{canceled, &net.OpError{Op: "read", Err: errors.New("i/o timeout")}},
+		}},
+		// A deadline that passed while Redis hung is one.
+		{[]error{ErrUnavailable, context.DeadlineExceeded}, []reply{
+			{expired, context.DeadlineExceeded},
+			{expired, &net.OpError{Op: "read", Err: errors.New("i/o timeout")}},
+		}},
 	} {
-		user := "lacks" + tc.lacks
-		require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", "-"+tc.lacks).Err())
-		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: user, Password: "pw"})
-		t.Cleanup(func() { rdb.Close() })
-		c := New(rdb, WithFailOpen(), WithRetryWindow(tc.window))
-		for _, a := range algorithms {
-			err := tc.call(a.new(c, uniqueName(t)))
-			what := version + " lacking " + tc.lacks + ": " + a.name
-			require.ErrorIs(t, err, ErrMisconfigured, what)
-			assert.NotErrorIs(t, err, ErrUnavailable, what)
-			assert.NotErrorIs(t, err, ErrCorruptState, what)
-			assert.NotContains(t, err.Error(), "corrupt", what)
-			assert.Contains(t, strings.ToLower(err.Error()), tc.lacks, what)
-			t.Logf("%s: %v", what, err)
+		for _, r := range kind.replies {
+			err := evalsha.Classify(r.ctx, r.err, nil)
+			for _, want := range kind.want {
+				assert.ErrorIs(t, err, want, "%v", r.err)
+			}
+			for _, other := range []error{ErrMisconfigured, ErrUnavailable, ErrNotInitialized, context.Canceled, context.DeadlineExceeded} {
+				if !slices.Contains(kind.want, other) {
+					assert.NotErrorIs(t, err, other, "%v", r.err)
+				}
+			}
+			if !slices.Contains(kind.want, ErrNotInitialized) { // the scripts' own errors keep their detail only
+				assert.ErrorIs(t, err, r.err, "the cause is kept")
+			}
 		}
 	}
 }

@@ -18,15 +18,15 @@ func TestFixedWindowBoundary(t *testing.T) {
 	// real time while the test's clock stands still.
 	s := time.Second
 	stepTable(t, (*Client).FixedWindow, Per(10, 10*time.Minute), []step{
-		{599 * s, 10, true, 0, 0, 1 * s},
-		{599 * s, 1, false, 0, 1 * s, 1 * s},
-		{600 * s, 10, true, 0, 0, 600 * s},
-		{600 * s, 1, false, 0, 600 * s, 600 * s},
-		{900 * s, 1, false, 0, 300 * s, 300 * s},
-		{1200 * s, 0, true, 10, 0, 0},
-		{1200 * s, 4, true, 6, 0, 600 * s},
-		{1799 * s, 7, false, 6, 1 * s, 1 * s},
-		{1800 * s, 7, true, 3, 0, 600 * s},
+		{599 * s, 10, true, 0, 0, 1 * s, 0},
+		{599 * s, 1, false, 0, 1 * s, 1 * s, 0},
+		{600 * s, 10, true, 0, 0, 600 * s, 0},
+		{600 * s, 1, false, 0, 600 * s, 600 * s, 0},
+		{900 * s, 1, false, 0, 300 * s, 300 * s, 0},
+		{1200 * s, 0, true, 10, 0, 0, 0},
+		{1200 * s, 4, true, 6, 0, 600 * s, 0},
+		{1799 * s, 7, false, 6, 1 * s, 1 * s, 0},
+		{1800 * s, 7, true, 3, 0, 600 * s, 0},
 	})
 }
 
@@ -36,11 +36,11 @@ func TestFixedWindowNeverGoesBack(t *testing.T) {
 	// used to reset the count, granting a whole window's worth again.
 	s := time.Second
 	stepTable(t, (*Client).FixedWindow, Per(10, 10*time.Minute), []step{
-		{600 * s, 8, true, 2, 0, 600 * s},
-		{599 * s, 3, false, 2, 601 * s, 601 * s}, // the late request waits for the newer window's end
-		{599 * s, 2, true, 0, 0, 601 * s},
-		{600 * s, 1, false, 0, 600 * s, 600 * s},
-		{1200 * s, 10, true, 0, 0, 600 * s},
+		{600 * s, 8, true, 2, 0, 600 * s, 0},
+		{599 * s, 3, false, 2, 601 * s, 601 * s, 0}, // the late request waits for the newer window's end
+		{599 * s, 2, true, 0, 0, 601 * s, 0},
+		{600 * s, 1, false, 0, 600 * s, 600 * s, 0},
+		{1200 * s, 10, true, 0, 0, 600 * s, 0},
 	})
 }
 
@@ -48,9 +48,9 @@ func TestFixedWindowSetRateKeepsUsageAcrossIntervals(t *testing.T) {
 	// The stored window is its start in ms, so a longer interval still finds
 	// the usage of the window it falls in.
 	s := time.Second
-	stepsAcrossSetRate(t, (*Client).FixedWindow, Per(10, 10*time.Minute), []step{{60 * s, 6, true, 4, 0, 540 * s}}, Per(10, time.Hour), []step{
-		{60 * s, 5, false, 4, 3540 * s, 3540 * s},
-		{60 * s, 4, true, 0, 0, 3540 * s},
+	stepsAcrossSetRate(t, (*Client).FixedWindow, Per(10, 10*time.Minute), []step{{60 * s, 6, true, 4, 0, 540 * s, 0}}, Per(10, time.Hour), []step{
+		{60 * s, 5, false, 4, 3540 * s, 3540 * s, 0},
+		{60 * s, 4, true, 0, 0, 3540 * s, 0},
 	})
 }
 

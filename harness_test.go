@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -223,5 +224,30 @@ func loadScripts(t *testing.T, rdb redis.UniversalClient) {
 	t.Helper()
 	for _, s := range scripts.All() {
 		require.NoError(t, rdb.ScriptLoad(context.Background(), s.Source).Err())
+	}
+}
+
+// infoValue returns one field of INFO section ("" if absent); for errorstats
+// and commandstats, the "count=…"/"calls=…" text.
+func infoValue(t *testing.T, rdb *redis.Client, section, field string) string {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), section).Result()
+	require.NoError(t, err)
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// clearOfHourEdge waits, if need be, until the next 30 s do not cross a whole
+// hour: a fixed window of an hour starts afresh there, which would add a
+// limit's worth of grants to a test that counts them.
+func clearOfHourEdge(t *testing.T) {
+	now := time.Now()
+	if edge := now.Truncate(time.Hour).Add(time.Hour); edge.Sub(now) < 30*time.Second {
+		t.Logf("waiting %v for the hour to turn", edge.Sub(now).Round(time.Millisecond))
+		time.Sleep(edge.Sub(now) + 100*time.Millisecond)
 	}
 }

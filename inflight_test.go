@@ -3,19 +3,15 @@ package redlimit
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -692,7 +688,7 @@ func TestInFlightUnexpectedReplies(t *testing.T) {
 }
 
 // In-flight limits across processes: 3 processes (this test binary run
-// again as TestInFlightChild) × 64 goroutines take, use and release holds of
+// again as an "inflight" child: startChild) × 64 goroutines take, use and release holds of
 // one limit of 10 on miniredis, a real redis-server and the Cluster,
 // deciding on Redis TIME. Two goroutines of each hold for 1.2s, past the
 // TTL of 1s, so that only their refreshes keep their slots; the others for
@@ -714,8 +710,6 @@ const (
 	inflightLimit      = 10
 	inflightTTL        = time.Second
 	inflightLongWork   = 1200 * time.Millisecond // past the TTL: refreshed twice or more
-	// inflightChildEnv carries a child's spec (JSON); without it TestInFlightChild skips.
-	inflightChildEnv = "REDLIMIT_INFLIGHT_CHILD"
 )
 
 // inflightSpec tells a child where to hold, and when.
@@ -734,15 +728,11 @@ type inflightReport struct {
 	Errors []string   `json:"errors"`
 }
 
-// TestInFlightChild is a child process of TestInFlightAcrossProcesses. It
-// prints its inflightReport as JSON.
-func TestInFlightChild(t *testing.T) {
-	raw := os.Getenv(inflightChildEnv)
-	if raw == "" {
-		t.Skip("runs only as a child process of TestInFlightAcrossProcesses")
-	}
+// inflightChild is a child of TestInFlightAcrossProcesses: it holds as its
+// inflightSpec says and reports an inflightReport.
+func inflightChild(t *testing.T, raw []byte) any {
 	var spec inflightSpec
-	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
+	decodeSpec(t, raw, &spec)
 	var rdb redis.UniversalClient
 	if spec.Cluster {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: spec.Addrs, PoolSize: inflightGoroutines})
@@ -795,7 +785,7 @@ func TestInFlightChild(t *testing.T) {
 		}
 		return false
 	})()
-	require.NoError(t, json.NewEncoder(os.Stdout).Encode(report))
+	return report
 }
 
 // inflightSample is what the sampler saw at one moment, between from and
@@ -834,23 +824,17 @@ func inflightAcrossProcesses(t *testing.T, rdb redis.UniversalClient, addrs []st
 	kill := start.Add(700 * time.Millisecond)
 	stop := kill.Add(inflightTTL + time.Second)
 	victimID := "victim-" + randomHex(4)
-	children := make([]*exec.Cmd, inflightProcesses)
-	outs := make([]*strings.Builder, inflightProcesses)
+	// Past the run, the kill and the checks: a bound for children stuck.
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	children := make([]*child, inflightProcesses)
 	for p := range children {
 		id := fmt.Sprintf("survivor%d-%s", p, randomHex(4))
 		if p == 0 {
 			id = victimID
 		}
-		raw, err := json.Marshal(inflightSpec{Addrs: addrs, Cluster: cluster, Name: name, ClientID: id,
+		children[p] = startChild(cctx, t, "inflight", inflightSpec{Addrs: addrs, Cluster: cluster, Name: name, ClientID: id,
 			Start: start.UnixMicro(), Stop: stop.UnixMicro()})
-		require.NoError(t, err)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestInFlightChild$", "-test.count=1", "-test.timeout=30s")
-		cmd.Env = append(os.Environ(), inflightChildEnv+"="+string(raw))
-		outs[p] = &strings.Builder{}
-		cmd.Stdout, cmd.Stderr = outs[p], outs[p]
-		require.NoError(t, cmd.Start())
-		children[p] = cmd
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
 	}
 
 	// The sampler lists the live holds until the children are done.
@@ -890,8 +874,7 @@ func inflightAcrossProcesses(t *testing.T, rdb redis.UniversalClient, addrs []st
 			break
 		}
 	}
-	require.NoError(t, children[0].Process.Signal(syscall.SIGKILL))
-	_ = children[0].Wait()
+	children[0].kill(t)
 	// A call the victim sent before it died (a release, an acquire) may
 	// still run after it: a server on a loaded machine (miniredis, in this
 	// process) reads it late. Its holds are what two listings 50ms apart
@@ -937,12 +920,9 @@ func inflightAcrossProcesses(t *testing.T, rdb redis.UniversalClient, addrs []st
 	}
 
 	var report inflightReport
-	for p, cmd := range children[1:] {
-		err := cmd.Wait()
-		out, _, _ := strings.Cut(outs[p+1].String(), "PASS\n")
-		require.NoError(t, err, "child %d: %s", p+1, tail(outs[p+1].String(), 2000))
+	for p, c := range children[1:] {
 		var child inflightReport
-		require.NoError(t, json.Unmarshal([]byte(out), &child), "child %d: %s", p+1, tail(out, 2000))
+		require.NoError(t, c.report(&child), "child %d", p+1)
 		report.Holds = append(report.Holds, child.Holds...)
 		report.Errors = append(report.Errors, child.Errors...)
 	}

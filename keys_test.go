@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,4 +251,141 @@ func TestDefaultSourceFollowsTheLayout(t *testing.T) {
 		}
 		assert.Equal(t, []string{"default", "default", "default"}, log.sourcesSent())
 	})
+}
+
+func TestIdleKeysExpire(t *testing.T) {
+	// Every key a limiter writes expires on its own: after the limiters go
+	// idle and their windows pass, a server that held nothing but them holds
+	// nothing at all. Real time, an interval of 300ms, for every algorithm,
+	// Overall and PerClient, with the config as a default (no config key)
+	// and stored with a keep-alive of 1s (the config key expires too),
+	// through two clients whose request logs keep ids 300ms
+	// (WithRetryWindow). While they run, no key is ever due to live more than
+	// 300ms on (a config, 1s).
+	//
+	// Calls on the stored configs' names fall back to the same config as a
+	// default: this machine's hiccups can outlast the keep-alive, and a
+	// config left idle that long rightly expires.
+	const interval, keepAlive = 300 * time.Millisecond, time.Second
+	b := newFaultBed(t, &redis.Options{})
+	ctx := context.Background()
+	clients := []*Client{
+		New(b.rdb, WithRetryWindow(interval), WithClientID("first")),
+		New(b.rdb, WithRetryWindow(interval), WithClientID("second")),
+	}
+	var limiters []*Limiter
+	for _, a := range algorithms {
+		for _, typ := range []RateType{Overall, PerClient} {
+			cfg := Config{Type: typ, Rate: 20, Interval: interval}
+			name := fmt.Sprintf("%s-%s-%v", uniqueName(t), a.name, typ)
+			kept := cfg
+			kept.KeepAlive = keepAlive
+			require.NoError(t, a.new(clients[0], name+"-stored").SetRate(ctx, kept))
+			for _, c := range clients {
+				limiters = append(limiters, a.new(c, name+"-default").WithDefault(cfg), a.new(c, name+"-stored").WithDefault(cfg))
+			}
+		}
+	}
+
+	// seen is the most keys of each kind seen at once.
+	seen := map[string]int{}
+	inspect := func() {
+		keys, err := b.admin.Keys(ctx, "*").Result()
+		require.NoError(t, err)
+		ttls := make([]*redis.DurationCmd, len(keys))
+		_, err = b.admin.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range keys {
+				ttls[i] = p.PTTL(ctx, k)
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		kinds := map[string]int{}
+		for i, k := range keys {
+			kinds[keyKind(k)]++
+			// -2: it expired since KEYS; 0: it expires within the millisecond.
+			ttl, within := ttls[i].Val(), interval
+			if keyKind(k) == "configs" {
+				within = keepAlive
+			}
+			assert.True(t, ttl == -2 || (ttl >= 0 && ttl <= within), "%s expires within %v: %v", k, within, ttl)
+		}
+		for kind, n := range kinds {
+			seen[kind] = max(seen[kind], n)
+		}
+	}
+	inspect()
+
+	var grants atomic.Int64
+	var wg sync.WaitGroup
+	until := time.Now().Add(3 * interval)
+	for _, l := range limiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(until) {
+				ok, err := l.TryAcquire(ctx, 1)
+				if !assert.NoError(t, err) {
+					return
+				}
+				if ok {
+					grants.Add(1)
+				}
+			}
+		}()
+	}
+	for time.Now().Before(until) {
+		time.Sleep(interval / 3)
+		inspect()
+	}
+	wg.Wait()
+	idle := time.Now()
+	inspect()
+	t.Logf("%d grants; keys of each kind, at most: %v", grants.Load(), seen)
+	for _, kind := range []string{"request logs", "client registries", "per-client state", "configs", "shared state"} {
+		assert.Positive(t, seen[kind], "the limiters wrote %s", kind)
+	}
+
+	// A key is gone once it expired (SCAN and KEYS skip it) and once Redis
+	// reclaimed it (DBSIZE): lazily, or by its expiry cycle, ten times a second.
+	require.Eventually(t, func() bool {
+		keys, err := b.admin.Keys(ctx, "*").Result()
+		return err == nil && len(keys) == 0
+	}, keepAlive+2*time.Second, 10*time.Millisecond, "every key expired")
+	expired := time.Since(idle)
+	require.Eventually(t, func() bool {
+		n, err := b.admin.DBSize(ctx).Result()
+		return err == nil && n == 0
+	}, 2*time.Second, 10*time.Millisecond, "and was reclaimed")
+	t.Logf("all keys expired %v after the last call, reclaimed after %v", expired.Round(time.Millisecond), time.Since(idle).Round(time.Millisecond))
+	assert.Less(t, expired, keepAlive+time.Second)
+}
+
+// keyKind names what a limiter's key holds, by its name.
+func keyKind(key string) string {
+	switch {
+	case strings.HasSuffix(key, ":requests"):
+		return "request logs"
+	case strings.HasSuffix(key, ":clients"):
+		return "client registries"
+	case strings.HasSuffix(key, ":first") || strings.HasSuffix(key, ":second"):
+		return "per-client state"
+	case !strings.Contains(key, "}:"):
+		return "configs"
+	}
+	return "shared state"
+}
+
+// A limiter's keys all live in one slot, whatever its name.
+func TestClusterKeysShareASlot(t *testing.T) {
+	c := New(redis.NewClient(&redis.Options{}), WithClientID("c1"))
+	for _, name := range []string{"plain", "{tag}x", "a{b}c", "x}{y}", "ünï"} {
+		for _, a := range algorithms {
+			l := a.new(c, name)
+			slot := redistest.KeySlot(l.keys[0])
+			for _, k := range append(l.keys, l.alg.StateKeys(l.Name(), "other")...) {
+				assert.Equal(t, slot, redistest.KeySlot(k), "%s %q: %q", a.name, name, k)
+			}
+		}
+	}
 }

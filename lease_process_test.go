@@ -2,11 +2,7 @@ package redlimit
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -24,8 +20,6 @@ import (
 // which Redis TIME reads too), and every span is checked against the bound
 // lease.go states; and a holder killed with SIGKILL, whose permits come back
 // as any grant's do.
-
-const leaseChildEnv = "REDLIMIT_LEASE_CHILD"
 
 // leaseSpec is what a child is told.
 type leaseSpec struct {
@@ -49,13 +43,11 @@ type leaseReport struct {
 	Duration time.Duration
 }
 
-func TestLeaseChild(t *testing.T) {
-	raw := os.Getenv(leaseChildEnv)
-	if raw == "" {
-		t.Skip("runs only as a child process of TestLeaseAcrossProcesses and TestLeaseHolderKilled")
-	}
+// leaseChild is a child of TestLeaseAcrossProcesses, which reports a
+// leaseReport, and of TestLeaseHolderKilled, which kills it holding.
+func leaseChild(t *testing.T, raw []byte) any {
 	var spec leaseSpec
-	require.NoError(t, json.Unmarshal([]byte(raw), &spec))
+	decodeSpec(t, raw, &spec)
 	a, ok := algorithmNamed(spec.Algorithm)
 	require.True(t, ok)
 	var rdb redis.Scripter
@@ -83,7 +75,7 @@ func TestLeaseChild(t *testing.T) {
 		}
 		fmt.Println("holding", l.LeaseStats().Taken)
 		time.Sleep(time.Minute)
-		return
+		return nil
 	}
 	_, err := l.Allow(ctx, 0) // loads the script and the cluster slots
 	require.NoError(t, err)
@@ -116,39 +108,7 @@ func TestLeaseChild(t *testing.T) {
 	report.Duration = time.Since(began)
 	require.NoError(t, l.Close(ctx))
 	report.Stats = l.LeaseStats()
-	require.NoError(t, json.NewEncoder(os.Stdout).Encode(report))
-}
-
-// childOutput collects a child's output, which a test reads while the
-// child still writes.
-type childOutput struct {
-	mu  sync.Mutex
-	out strings.Builder
-}
-
-func (o *childOutput) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.out.Write(p)
-}
-
-func (o *childOutput) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.out.String()
-}
-
-// startLeaseChild starts a child on spec; its stdout comes back through out.
-func startLeaseChild(ctx context.Context, t *testing.T, spec leaseSpec) (*exec.Cmd, *childOutput) {
-	t.Helper()
-	raw, err := json.Marshal(spec)
-	require.NoError(t, err)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLeaseChild$", "-test.count=1", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), leaseChildEnv+"="+string(raw))
-	out := &childOutput{}
-	cmd.Stdout, cmd.Stderr = out, out
-	require.NoError(t, cmd.Start())
-	return cmd, out
+	return report
 }
 
 // leaseBound is, per algorithm, the config the tests lease from and how far
@@ -240,22 +200,8 @@ func TestLeaseAcrossProcesses(t *testing.T) {
 						Lease: Lease{Time: d, Share: 0.2}, Start: start.UnixMicro(), Stop: start.Add(2 * time.Second).UnixMicro()}
 					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 					defer cancel()
-					var cmds []*exec.Cmd
-					var outs []*childOutput
-					for range 3 {
-						cmd, out := startLeaseChild(ctx, t, spec)
-						cmds, outs = append(cmds, cmd), append(outs, out)
-					}
 					var all leaseReport
-					var errs []error
-					for i, cmd := range cmds {
-						if err := cmd.Wait(); err != nil {
-							errs = append(errs, fmt.Errorf("child %d: %w\n%s", i, err, tail(outs[i].String(), 2000)))
-							continue
-						}
-						var r leaseReport
-						out, _, _ := strings.Cut(outs[i].String(), "PASS\n")
-						require.NoError(t, json.Unmarshal([]byte(out), &r), "child %d: %s", i, tail(out, 500))
+					for _, r := range runChildren[leaseReport](ctx, t, "lease", []any{spec, spec, spec}, nil) {
 						all.Grants = append(all.Grants, r.Grants...)
 						all.Denied += r.Denied
 						all.Decided += r.Decided
@@ -265,7 +211,6 @@ func TestLeaseAcrossProcesses(t *testing.T) {
 						all.Stats.Used += r.Stats.Used
 						all.Stats.Returned += r.Stats.Returned
 					}
-					require.NoError(t, errors.Join(errs...))
 					require.Empty(t, all.Errors)
 					slices.SortFunc(all.Grants, func(x, y [2]int64) int { return int(x[0] - y[0]) })
 					worst, at := bound.over(all.Grants, d)
@@ -315,18 +260,17 @@ func TestLeaseHolderKilled(t *testing.T) {
 						Hold: true, Lease: Lease{Time: time.Hour, Share: 0.5}}
 					cctx, cancel := context.WithTimeout(ctx, time.Minute)
 					defer cancel()
-					cmd, out := startLeaseChild(cctx, t, spec)
+					holder := startChild(cctx, t, "lease", spec)
 					deadline := time.Now().Add(30 * time.Second)
-					for !strings.Contains(out.String(), "holding") && time.Now().Before(deadline) {
+					for !strings.Contains(holder.stdout.String(), "holding") && time.Now().Before(deadline) {
 						time.Sleep(10 * time.Millisecond)
 					}
-					require.Contains(t, out.String(), "holding", "%s", tail(out.String(), 2000))
-					require.NoError(t, cmd.Process.Kill())
-					_ = cmd.Wait()
+					require.Contains(t, holder.stdout.String(), "holding", "%s\n%s", tail(holder.stdout.String(), 2000), tail(holder.stderr.String(), 2000))
+					holder.kill(t)
 					killed := time.Now()
 					r, err := l.Allow(ctx, 0)
 					require.NoError(t, err)
-					t.Logf("killed holding: %s; available %d of %d", strings.TrimSpace(out.String()), r.Remaining, r.Limit)
+					t.Logf("killed holding: %s; available %d of %d", strings.TrimSpace(holder.stdout.String()), r.Remaining, r.Limit)
 					assert.Less(t, r.Remaining, r.Limit-1, "the block still counts")
 					for r.Remaining < r.Limit && time.Since(killed) < 2*r.Window {
 						time.Sleep(5 * time.Millisecond)

@@ -2,11 +2,8 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -162,15 +159,6 @@ func snapshot(t *testing.T, rdb redis.UniversalClient, name string) map[string]s
 	return out
 }
 
-type step struct {
-	at        time.Duration // clock position, from epoch
-	permits   int64
-	allowed   bool
-	remaining int64
-	retry     time.Duration
-	reset     time.Duration
-}
-
 // limiter is a limiter of this algorithm with a name of its own, on a
 // client deciding on a fresh controlled clock.
 func (a algo) limiter(t *testing.T, rdb redis.UniversalClient) *Limiter {
@@ -202,26 +190,6 @@ func assertConfig(t *testing.T, l *Limiter, want Config, msgAndArgs ...any) {
 	assert.Equal(t, want, got, msgAndArgs...)
 }
 
-// stepTable plays steps, on every backend, against a limiter newLimiter
-// makes with cfg as its default, on a fresh controlled clock.
-func stepTable(t *testing.T, newLimiter func(c *Client, name string) *Limiter, cfg Config, steps []step) {
-	stepsAcrossSetRate(t, newLimiter, cfg, steps, Config{}, nil)
-}
-
-// stepsAcrossSetRate is stepTable, then SetRate(next) unless next is zero,
-// then the steps after.
-func stepsAcrossSetRate(t *testing.T, newLimiter func(c *Client, name string) *Limiter, cfg Config, steps []step, next Config, after []step) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		clk := newClock()
-		l := newLimiter(newClient(rdb, clk), uniqueName(t)).WithDefault(cfg)
-		runSteps(t, l, clk, steps)
-		if !reflect.DeepEqual(next, Config{}) {
-			require.NoError(t, l.SetRate(context.Background(), next))
-			runSteps(t, l, clk, after)
-		}
-	})
-}
-
 // eachUnprefixedBackend is eachBackend but for cluster-tagged, for tests
 // that spell out Redisson's key names.
 func eachUnprefixedBackend(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
@@ -240,17 +208,6 @@ func ownServer(t *testing.T) (admin, rdb *redis.Client) {
 	rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	return srv.Client(t), rdb
-}
-
-// run plays steps against l on clk, asserting every field of every Result.
-func runSteps(t *testing.T, l *Limiter, clk *clock, steps []step) {
-	t.Helper()
-	for i, s := range steps {
-		clk.Set(epoch.Add(s.at))
-		r, err := allowAny(context.Background(), l, s.permits)
-		require.NoError(t, err, "step %d", i)
-		assert.Equal(t, s, step{s.at, s.permits, r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter}, "step %d at %v", i, s.at)
-	}
 }
 
 // --- The suite every algorithm passes, on every backend. ---
@@ -670,6 +627,54 @@ func TestKeepAlive(t *testing.T) {
 	})
 }
 
+// A stored config's keep-alive is an idle TTL "refreshed on every acquire"
+// (Config.KeepAlive), as Redisson's keepAliveTime is: its tryAcquire
+// refreshes it whether it grants or not. A limiter kept saturated by steady
+// traffic is busy, not idle: were only grants to refresh it, its config would
+// expire one keep-alive after the last grant, and every call then fail with
+// ErrNotInitialized.
+//
+// The limiters decide on a clock that stands still (newClient), so after its
+// one grant each denies every request, whatever the algorithm; the keep-alive
+// is a Redis TTL and runs in real time.
+func TestKeepAliveWhileDenied(t *testing.T) {
+	rdb := redistest.Shared(t).Client(t)
+	ctx := context.Background()
+	for _, a := range algorithms {
+		t.Run(a.name, func(t *testing.T) {
+			t.Parallel()
+			l := a.limiter(t, rdb)
+			require.NoError(t, l.SetRate(ctx, Config{Rate: 1, Interval: time.Minute, KeepAlive: time.Minute}))
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			require.True(t, ok)
+			// Unrefreshed since the grant, the TTL would be 57s at most
+			// after this; refreshed, it stays above 58s unless this machine
+			// stalls 2s between the denial and the TTL's reply. (It slept
+			// 1s, with 0.5s to spare, which a busy machine can outlast.)
+			time.Sleep(3 * time.Second)
+			ok, err = l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			require.False(t, ok)
+			ttl, err := l.RemainTimeToLive(ctx)
+			require.NoError(t, err)
+			assert.Greater(t, ttl, time.Minute-2*time.Second, "a denied acquire refreshes the keep-alive, as a grant does")
+		})
+		// Asked every 20ms and nearly always denied, the limiter is never
+		// idle: its config, kept alive 2s, must outlive 3s of asking. (2s, not
+		// less: a -race run on a loaded machine can stall a goroutine ~1s.)
+		t.Run(a.name+"/saturated", func(t *testing.T) {
+			t.Parallel()
+			l := a.limiter(t, rdb)
+			require.NoError(t, l.SetRate(ctx, Config{Rate: 1, Interval: 100 * time.Millisecond, KeepAlive: 2 * time.Second}))
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				_, err := l.TryAcquire(ctx, 1)
+				require.NoError(t, err, "asked every 20ms, the limiter is not idle")
+			}
+		})
+	}
+}
+
 func TestDelete(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
@@ -771,79 +776,6 @@ func TestAlgorithmMismatch(t *testing.T) {
 	})
 }
 
-// resending is a client to rdb's server(s) that runs every script twice, as
-// go-redis does when it re-sends one after a read timeout, and its log.
-func resending(t *testing.T, rdb redis.UniversalClient) (redis.UniversalClient, *commandLog) {
-	log := &commandLog{twice: true}
-	return recorded(t, rdb, log), log
-}
-
-// With WithRetryWindow, a script go-redis re-sends counts once: each
-// limiter logs the ids of its grants and releases in one key, printable,
-// which Delete removes.
-func TestResentScriptCountsOnce(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
-		ctx := context.Background()
-		name := uniqueName(t)
-		dup, log := resending(t, rdb)
-		clk := newClock()
-		l := a.new(newClient(dup, clk, WithRetryWindow(15*time.Second)), name).WithDefault(tenPer10s)
-		for i := range 7 {
-			ok, err := l.TryAcquire(ctx, 1)
-			require.NoError(t, err)
-			assert.True(t, ok, "grant %d", i)
-		}
-		res, err := l.Reserve(ctx, 3)
-		require.NoError(t, err)
-		require.True(t, res.Allowed)
-		require.Equal(t, int64(3), res.Taken, "a re-sent reservation takes once")
-		ok, err := l.TryAcquire(ctx, 1)
-		require.NoError(t, err)
-		assert.False(t, ok, "the 11th is denied: each grant was counted once")
-		assert.Positive(t, log.count("evalsha"))
-
-		// The re-sent copy reports what it gave back itself: nothing.
-		_, err = res.Release(ctx, 3)
-		require.NoError(t, err)
-		assertAvailable(t, l, 3, "a re-sent release gives back once")
-
-		requests := wire.KeyOf(l.Name(), "requests")
-		ids := rdb.ZRange(ctx, requests, 0, -1).Val()
-		assert.NotEmpty(t, ids)
-		for _, id := range ids {
-			assert.Regexp(t, "^[0-9a-f]{16}$", id, "request ids are printable")
-		}
-		ttl := rdb.PTTL(ctx, requests).Val()
-		assert.True(t, ttl > 0 && ttl <= 15*time.Second, "the log expires: %v", ttl)
-		_, err = l.Delete(ctx)
-		require.NoError(t, err)
-		assert.Zero(t, rdb.Exists(ctx, requests).Val(), "Delete removes the request log")
-	})
-}
-
-// Without WithRetryWindow, nothing but the limiter's own state is written:
-// a re-sent grant counts twice, so the limiter denies sooner and never
-// admits more. The token bucket tells a re-sent grant by its record anyway.
-func TestResentScriptWithoutRetryWindow(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
-		ctx := context.Background()
-		name := uniqueName(t)
-		dup, log := resending(t, rdb)
-		l := a.new(newClient(dup, newClock()), name).WithDefault(tenPer10s)
-		granted := 0
-		for range 10 {
-			ok, err := l.TryAcquire(ctx, 1)
-			require.NoError(t, err)
-			if ok {
-				granted++
-			}
-		}
-		assert.Equal(t, a.grantedTwice, granted, "each grant ran twice")
-		assert.GreaterOrEqual(t, log.count("evalsha"), 10, "every script ran twice")
-		assert.ElementsMatch(t, a.stateKeys(l.Name()), limiterKeys(t, rdb, name), "no key per grant")
-	})
-}
-
 func TestTimeFromRedis(t *testing.T) {
 	// Without WithClock the scripts read Redis TIME.
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
@@ -933,31 +865,6 @@ func TestReplyShapes(t *testing.T) {
 		_, ok := wire.MissingClients(reply)
 		assert.False(t, ok, "%#v", reply)
 	}
-}
-
-func TestRedisUnreachable(t *testing.T) {
-	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
-	defer rdb.Close()
-	l := New(rdb).TokenBucket("x").WithDefault(tenPer10s)
-	ok, err := l.TryAcquire(ctx, 1)
-	assert.False(t, ok, "fails closed by default")
-	assert.ErrorIs(t, err, ErrUnavailable)
-	var netErr net.Error
-	assert.True(t, errors.As(err, &netErr) || strings.Contains(err.Error(), "connection refused"), "the cause is kept: %v", err)
-	_, err = l.Config(ctx)
-	assert.ErrorIs(t, err, ErrUnavailable)
-
-	var seen []error
-	open := New(rdb, WithFailOpen(), WithObserver(func(d Decision) { seen = append(seen, d.Err) })).TokenBucket("x").WithDefault(tenPer10s)
-	ok, err = open.TryAcquire(ctx, 1)
-	assert.NoError(t, err)
-	assert.True(t, ok, "fails open when asked to")
-	assert.NoError(t, open.Acquire(ctx, 1))
-	require.Len(t, seen, 2)
-	assert.ErrorIs(t, seen[0], ErrUnavailable, "the observer still sees the outage")
-	_, err = open.Allow(ctx, -1)
-	assert.ErrorIs(t, err, ErrInvalidPermits, "bad input is never waved through")
 }
 
 // Result.Window is the span Limit applies to, as the config in force says:

@@ -1,11 +1,11 @@
 package redlimit
 
 // Several rates in one limiter (Config.And): a request is granted only if
-// every rate allows it, and then counts in every one. The proof here is an
-// independent model: each rate's own single-rate arithmetic, restated in µs
-// (rateModel), combined as the Result documents (limiterModel), predicts
-// every field of every Result of long random sequences on a controlled
-// clock. Apart from the model, the sequences' grants and denials are checked
+// every rate allows it, and then counts in every one. The proof here is the
+// algorithms' model (model_test.go): each rate's own single-rate
+// arithmetic, restated in µs (rateModel), combined as the Result documents
+// (limiterModel), predicts every field of every Result of long random
+// sequences on a controlled clock. Apart from the model, the sequences' grants and denials are checked
 // against each rate's guarantee directly (overAdmitted, roomFor).
 
 import (
@@ -22,295 +22,6 @@ import (
 
 	"github.com/redlimit/redlimit/internal/wire"
 )
-
-// --- Each rate alone, as its algorithm decides it. ---
-
-// rateModel is one rate as its algorithm's script decides it alone, in µs
-// on the controlled clock.
-type rateModel interface {
-	// wait returns the µs until permits fit; 0 or less when they fit now.
-	wait(now, permits int64) int64
-	// take counts a grant of permits at now.
-	take(now, permits int64)
-	// state returns the permits left at now and the µs until the rate is
-	// full again.
-	state(now int64) (remaining, reset int64)
-}
-
-// ratesOf lists cfg's rates as the models read them, apart from the code
-// under test: its own, then More's, each with its defaults (Burst: Rate;
-// Buckets: 10) and no more rates of its own.
-func ratesOf(cfg Config) []Config {
-	var out []Config
-	for _, r := range append([]Config{cfg}, cfg.More...) {
-		r.Type, r.KeepAlive, r.More = Overall, 0, nil
-		if r.Burst == 0 {
-			r.Burst = r.Rate
-		}
-		if r.Buckets == 0 {
-			r.Buckets = 10
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// newRateModel returns the model of one rate of a's (from ratesOf).
-func newRateModel(a algo, cfg Config) rateModel {
-	switch a.name {
-	case tokenBucketAlgo.name:
-		return &tokenModel{rate: cfg.Rate, intervalMS: cfg.Interval.Milliseconds()}
-	case funnelAlgo.name:
-		return &funnelModel{newExactRate(cfg)}
-	case fixedWindowAlgo.name:
-		return &fixedModel{rate: cfg.Rate, intervalMS: cfg.Interval.Milliseconds()}
-	case slidingWindowAlgo.name:
-		return &slidingModel{rate: cfg.Rate, intervalMS: cfg.Interval.Milliseconds(), buckets: int64(cfg.Buckets)}
-	}
-	panic("no model of " + a.name)
-}
-
-// tokenModel: a grant made in millisecond g counts in every millisecond of
-// (g − interval, g], or, coalesced with later grants of its slice (take),
-// until the latest of them ages out; at most rate permits count at once. A wait lasts until
-// enough of the oldest grants age out.
-type tokenModel struct {
-	rate, intervalMS int64
-	log              []msGrant // oldest first
-}
-
-type msGrant struct{ ms, n int64 }
-
-// live returns the grants that count at now.
-func (m *tokenModel) live(now int64) []msGrant {
-	cutoff := floorDiv(now, 1000) - m.intervalMS
-	return m.log[sort.Search(len(m.log), func(i int) bool { return m.log[i].ms > cutoff }):]
-}
-
-func (m *tokenModel) wait(now, permits int64) int64 {
-	need := permits - m.rate
-	for _, g := range m.live(now) {
-		need += g.n
-	}
-	for _, g := range m.live(now) {
-		if need <= 0 {
-			break
-		}
-		if need -= g.n; need <= 0 {
-			return (g.ms+m.intervalMS)*1000 - now
-		}
-	}
-	return 0
-}
-
-// take coalesces as scripts/tokenbucket.lua does: a grant in the slice
-// (interval / 64 rounded up, aligned to the epoch) of the newest record
-// joins it, and the record takes the grant's time.
-func (m *tokenModel) take(now, permits int64) {
-	ms, slice := floorDiv(now, 1000), ceilDiv(m.intervalMS, 64)
-	if n := len(m.log); n > 0 && m.log[n-1].ms >= ms-ms%slice {
-		m.log[n-1].ms, m.log[n-1].n = max(m.log[n-1].ms, ms), m.log[n-1].n+permits
-		return
-	}
-	m.log = append(m.log, msGrant{ms, permits})
-}
-
-func (m *tokenModel) state(now int64) (int64, int64) {
-	live := m.live(now)
-	remaining := m.rate
-	for _, g := range live {
-		remaining -= g.n
-	}
-	if len(live) == 0 {
-		return remaining, 0
-	}
-	return remaining, (live[len(live)-1].ms+m.intervalMS)*1000 - now
-}
-
-// funnelModel: GCRA as CL.THROTTLE computes it (REFERENCE.md §2), with an
-// exact emission interval (exactRate, funnel_exact_test.go): a grant moves
-// the theoretical arrival time on by Interval / Rate per permit, and permits
-// fit while it stays within burst of them of now.
-type funnelModel struct{ r *exactRate }
-
-func (m *funnelModel) wait(now, permits int64) int64 { return ceilRat(m.r.wait(now, permits)) }
-
-func (m *funnelModel) take(now, permits int64) { m.r.take(now, permits) }
-
-func (m *funnelModel) state(now int64) (int64, int64) {
-	return m.r.remaining(now), ceilRat(m.r.held(now))
-}
-
-// fixedModel: windows of interval aligned to the Unix epoch, at most rate
-// permits in each.
-type fixedModel struct {
-	rate, intervalMS int64
-	start, count     int64 // the window of the last grant, its start in ms
-}
-
-// window returns the window of now and the permits granted in it.
-func (m *fixedModel) window(now int64) (start, count int64) {
-	ms := floorDiv(now, 1000)
-	start = ms - ms%m.intervalMS
-	if start == m.start {
-		return start, m.count
-	}
-	return start, 0
-}
-
-func (m *fixedModel) wait(now, permits int64) int64 {
-	start, count := m.window(now)
-	if count+permits > m.rate {
-		return (start+m.intervalMS)*1000 - now
-	}
-	return 0
-}
-
-func (m *fixedModel) take(now, permits int64) {
-	start, count := m.window(now)
-	m.start, m.count = start, count+permits
-}
-
-func (m *fixedModel) state(now int64) (int64, int64) {
-	start, count := m.window(now)
-	if count == 0 {
-		return m.rate, 0
-	}
-	return m.rate - count, (start+m.intervalMS)*1000 - now
-}
-
-// slidingModel: sub-windows of interval / buckets aligned to the Unix epoch
-// (sub-window i starts at ⌈i × interval / buckets⌉ ms), at most rate permits
-// in any buckets consecutive ones.
-type slidingModel struct {
-	rate, intervalMS, buckets int64
-	cells                     []cellCount // oldest first
-}
-
-type cellCount struct{ index, n int64 }
-
-func (m *slidingModel) current(now int64) int64 {
-	return floorDiv(floorDiv(now, 1000)*m.buckets, m.intervalMS)
-}
-
-func (m *slidingModel) startOf(index int64) int64 { return ceilDiv(index*m.intervalMS, m.buckets) }
-
-// live returns the sub-windows that count at now, and their sum.
-func (m *slidingModel) live(now int64) ([]cellCount, int64) {
-	oldest := m.current(now) - m.buckets
-	live := m.cells[sort.Search(len(m.cells), func(i int) bool { return m.cells[i].index > oldest }):]
-	var total int64
-	for _, c := range live {
-		total += c.n
-	}
-	return live, total
-}
-
-func (m *slidingModel) wait(now, permits int64) int64 {
-	live, total := m.live(now)
-	need := total + permits - m.rate
-	for _, c := range live {
-		if need <= 0 {
-			break
-		}
-		if need -= c.n; need <= 0 {
-			return m.startOf(c.index+m.buckets)*1000 - now
-		}
-	}
-	return 0
-}
-
-func (m *slidingModel) take(now, permits int64) {
-	cur := m.current(now)
-	if n := len(m.cells); n > 0 && m.cells[n-1].index == cur {
-		m.cells[n-1].n += permits
-		return
-	}
-	m.cells = append(m.cells, cellCount{cur, permits})
-}
-
-func (m *slidingModel) state(now int64) (int64, int64) {
-	live, total := m.live(now)
-	if len(live) == 0 {
-		return m.rate, 0
-	}
-	return m.rate - total, m.startOf(live[len(live)-1].index+m.buckets)*1000 - now
-}
-
-// --- The rates together, as Result documents them. ---
-
-// limiterModel is a limiter of several rates: a request is granted iff every
-// rate's model allows it, and then taken in all of them.
-type limiterModel struct {
-	rates  []rateModel
-	quotas []Quota
-}
-
-func newLimiterModel(a algo, cfg Config) *limiterModel {
-	m := &limiterModel{}
-	for _, r := range ratesOf(cfg) {
-		m.rates = append(m.rates, newRateModel(a, r))
-		m.quotas = append(m.quotas, quotaOf(r))
-	}
-	return m
-}
-
-// quotaOf is the Limit and Window a Result reports for one rate (from
-// ratesOf): its capacity (Rate; a funnel's Burst) and the time the capacity
-// takes to drain at Rate per Interval, in whole ms rounded up.
-func quotaOf(r Config) Quota {
-	return Quota{Limit: r.Burst, Window: time.Duration(ceilDiv(r.Burst*r.Interval.Milliseconds(), r.Rate)) * time.Millisecond}
-}
-
-// allow decides as the scripts must: Never, bound by the first rate whose
-// capacity is below permits; else denied, bound by the longest wait (the
-// first of equals), RetryAfter that wait; else granted in every rate, bound
-// by the fewest permits left (the first of equals). Remaining is the
-// fewest, ResetAfter the longest. Quotas only with several rates.
-func (m *limiterModel) allow(now, permits int64) Result {
-	var r Result
-	bound := -1
-	for k, q := range m.quotas {
-		if permits > q.Limit {
-			bound, r.RetryAfter = k, Never
-			break
-		}
-	}
-	if bound < 0 {
-		var longest int64
-		for k, rate := range m.rates {
-			if w := rate.wait(now, permits); w > longest {
-				longest, bound = w, k
-			}
-		}
-		if bound >= 0 {
-			r.RetryAfter = time.Duration(longest) * time.Microsecond
-		} else {
-			r.Allowed = true
-			for _, rate := range m.rates {
-				if permits > 0 {
-					rate.take(now, permits)
-				}
-			}
-		}
-	}
-	fewest := 0
-	for k, rate := range m.rates {
-		remaining, reset := rate.state(now)
-		if k == 0 || remaining < r.Remaining {
-			r.Remaining, fewest = remaining, k
-		}
-		r.ResetAfter = max(r.ResetAfter, time.Duration(reset)*time.Microsecond)
-	}
-	if r.Allowed {
-		bound = fewest
-	}
-	r.Limit, r.Window = m.quotas[bound].Limit, m.quotas[bound].Window
-	if len(m.quotas) > 1 {
-		r.Bound, r.Quotas = bound, m.quotas
-	}
-	return r
-}
 
 // --- Each rate's guarantee, straight from a sequence's grants. ---
 
@@ -742,48 +453,6 @@ func TestMultiRateChecksCatchBreaches(t *testing.T) {
 	}
 }
 
-// want is the Result of a limiter whose rates report quotas: Limit and
-// Window are the bound rate's; Quotas and Bound only with several rates.
-func want(quotas []Quota, allowed bool, remaining int64, retry, reset time.Duration, bound int) Result {
-	r := Result{Allowed: allowed, Limit: quotas[bound].Limit, Remaining: remaining, RetryAfter: retry, ResetAfter: reset,
-		Window: quotas[bound].Window}
-	if len(quotas) > 1 {
-		r.Bound, r.Quotas = bound, quotas
-	}
-	return r
-}
-
-// quotasOf lists cfg's rates' quotas.
-func quotasOf(cfg Config) []Quota {
-	var out []Quota
-	for _, r := range ratesOf(cfg) {
-		out = append(out, quotaOf(r))
-	}
-	return out
-}
-
-// multiStep is one Allow at a fixed instant and its whole Result; the
-// Result's Limit, Window and Quotas come from the config in force.
-type multiStep struct {
-	at        time.Duration
-	permits   int64
-	allowed   bool
-	remaining int64
-	retry     time.Duration
-	reset     time.Duration
-	bound     int
-}
-
-func runMultiSteps(t *testing.T, l *Limiter, clk *clock, cfg Config, steps []multiStep) {
-	t.Helper()
-	for i, s := range steps {
-		clk.Set(epoch.Add(s.at))
-		got, err := allowAny(context.Background(), l, s.permits)
-		require.NoError(t, err, "step %d", i)
-		assert.Equal(t, want(quotasOf(cfg), s.allowed, s.remaining, s.retry, s.reset, s.bound), got, "step %d: %d at %v under %v", i, s.permits, s.at, cfg)
-	}
-}
-
 func TestMultiRateConfigRoundTrip(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		ctx := context.Background()
@@ -841,14 +510,14 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 	s := time.Second
 	a0 := Per(5, 10*s).And(PerHour(20))
 	b := Per(15, 10*time.Minute).And(PerHour(20)) // 10s goes, 10min comes, 1h stays
-	steps := map[string]struct{ before, after []multiStep }{
+	steps := map[string]struct{ before, after []step }{
 		fixedWindowAlgo.name: {
-			before: []multiStep{
+			before: []step{
 				{0, 4, true, 1, 0, 3600 * s, 0},
 				{10 * s, 0, true, 5, 0, 3590 * s, 0},
 				{10 * s, 3, true, 2, 0, 3590 * s, 0}, // 7 in the hour
 			},
-			after: []multiStep{
+			after: []step{
 				{10 * s, 0, true, 13, 0, 3590 * s, 1}, // the hour's 7 kept; the 10s's 3 not carried over
 				{10 * s, 10, true, 3, 0, 3590 * s, 1},
 				{600 * s, 4, false, 3, 3000 * s, 3000 * s, 1},
@@ -856,12 +525,12 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 			},
 		},
 		slidingWindowAlgo.name: { // sub-windows of 1s, 1min and 6min
-			before: []multiStep{
+			before: []step{
 				{0, 4, true, 1, 0, 3600 * s, 0},
 				{10 * s, 0, true, 5, 0, 3590 * s, 0},
 				{10 * s, 3, true, 2, 0, 3590 * s, 0},
 			},
-			after: []multiStep{
+			after: []step{
 				{10 * s, 0, true, 13, 0, 3590 * s, 1},
 				{10 * s, 10, true, 3, 0, 3590 * s, 1},
 				{600 * s, 4, false, 3, 3000 * s, 3000 * s, 1},
@@ -869,12 +538,12 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 			},
 		},
 		funnelAlgo.name: { // a permit leaks out every 2s, 3min; then every 40s, 3min
-			before: []multiStep{
+			before: []step{
 				{0, 4, true, 1, 0, 720 * s, 0},
 				{10 * s, 0, true, 5, 0, 710 * s, 0},
 				{10 * s, 3, true, 2, 0, 1250 * s, 0},
 			},
-			after: []multiStep{
+			after: []step{
 				{10 * s, 0, true, 13, 0, 1250 * s, 1},
 				{10 * s, 10, true, 3, 0, 3050 * s, 1},
 				{600 * s, 7, false, 6, 120 * s, 2460 * s, 1}, // 3 more leaked out of the hour's rate by 600s
@@ -890,9 +559,9 @@ func TestMultiRateSetRateKeepsUsageOfRatesThatStay(t *testing.T) {
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t))
 		require.NoError(t, l.SetRate(context.Background(), a0))
-		runMultiSteps(t, l, clk, a0, st.before)
+		runSteps(t, l, clk, a0, st.before)
 		require.NoError(t, l.SetRate(context.Background(), b))
-		runMultiSteps(t, l, clk, b, st.after)
+		runSteps(t, l, clk, b, st.after)
 	})
 }
 
@@ -907,9 +576,9 @@ func TestMultiRateTokenBucketSetRate(t *testing.T) {
 		clk := newClock()
 		l := newClient(rdb, clk).TokenBucket(uniqueName(t))
 		require.NoError(t, l.SetRate(context.Background(), one))
-		runMultiSteps(t, l, clk, one, []multiStep{{0, 3, true, 2, 0, 10 * s, 0}})
+		runSteps(t, l, clk, one, []step{{0, 3, true, 2, 0, 10 * s, 0}})
 		require.NoError(t, l.SetRate(context.Background(), two))
-		runMultiSteps(t, l, clk, two, []multiStep{
+		runSteps(t, l, clk, two, []step{
 			{0, 0, true, 2, 0, 10 * s, 0},
 			{0, 3, false, 2, 10 * s, 10 * s, 0},
 			{10 * s, 5, true, 0, 0, 3600 * s, 0},
@@ -925,7 +594,7 @@ func TestMultiRateSetRateAddsARate(t *testing.T) {
 	s := time.Second
 	one := Per(5, 10*s)
 	two := one.And(PerHour(8))
-	steps := map[string][]multiStep{
+	steps := map[string][]step{
 		fixedWindowAlgo.name: {
 			{0, 0, true, 2, 0, 10 * s, 0},
 			{10 * s, 5, true, 0, 0, 3590 * s, 0},
@@ -953,9 +622,9 @@ func TestMultiRateSetRateAddsARate(t *testing.T) {
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t))
 		require.NoError(t, l.SetRate(context.Background(), one))
-		runMultiSteps(t, l, clk, one, []multiStep{{0, 3, true, 2, 0, map[bool]time.Duration{true: 6 * s, false: 10 * s}[a.name == funnelAlgo.name], 0}})
+		runSteps(t, l, clk, one, []step{{0, 3, true, 2, 0, map[bool]time.Duration{true: 6 * s, false: 10 * s}[a.name == funnelAlgo.name], 0}})
 		require.NoError(t, l.SetRate(context.Background(), two))
-		runMultiSteps(t, l, clk, two, st)
+		runSteps(t, l, clk, two, st)
 	})
 }
 
@@ -969,30 +638,30 @@ func TestMultiRateBoundTies(t *testing.T) {
 	for _, c := range []struct {
 		a     algo
 		cfg   Config
-		steps []multiStep
+		steps []step
 	}{
-		{fixedWindowAlgo, windows, []multiStep{
+		{fixedWindowAlgo, windows, []step{
 			{0, 2, true, 0, 0, 3600 * s, 0},
 			{60 * s, 2, true, 0, 0, 3540 * s, 0},
 			{120 * s, 0, true, 2, 0, 3480 * s, 0},
 			{3540 * s, 2, true, 0, 0, 60 * s, 0},
 			{3540 * s, 1, false, 0, 60 * s, 60 * s, 0},
 		}},
-		{slidingWindowAlgo, windows, []multiStep{ // sub-windows of 6s and 6min
+		{slidingWindowAlgo, windows, []step{ // sub-windows of 6s and 6min
 			{0, 2, true, 0, 0, 3600 * s, 0},
 			{60 * s, 2, true, 0, 0, 3540 * s, 0},
 			{120 * s, 0, true, 2, 0, 3480 * s, 0},
 			{3540 * s, 2, true, 0, 0, 3300 * s, 0}, // the hour's sub-window 9 leaves at 6840s
 			{3540 * s, 1, false, 0, 60 * s, 3300 * s, 0},
 		}},
-		{tokenBucketAlgo, windows, []multiStep{
+		{tokenBucketAlgo, windows, []step{
 			{0, 2, true, 0, 0, 3600 * s, 0},
 			{60 * s, 2, true, 0, 0, 3600 * s, 0},
 			{120 * s, 0, true, 2, 0, 3540 * s, 0},
 			{3540 * s, 2, true, 0, 0, 3600 * s, 0},
 			{3540 * s, 1, false, 0, 60 * s, 3600 * s, 0},
 		}},
-		{funnelAlgo, funnelCfg, []multiStep{
+		{funnelAlgo, funnelCfg, []step{
 			{0, 2, true, 2, 0, 30 * s, 0},
 			{0, 1, true, 1, 0, 45 * s, 0},
 		}},
@@ -1001,7 +670,7 @@ func TestMultiRateBoundTies(t *testing.T) {
 			eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 				clk := newClock()
 				l := c.a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(c.cfg)
-				runMultiSteps(t, l, clk, c.cfg, c.steps)
+				runSteps(t, l, clk, c.cfg, c.steps)
 			})
 		})
 	}

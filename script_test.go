@@ -17,41 +17,6 @@ import (
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
-func scriptFlush(t *testing.T, rdb redis.UniversalClient) {
-	ctx := context.Background()
-	if p, ok := rdb.(prefixed); ok {
-		rdb = p.UniversalClient
-	}
-	if c, ok := rdb.(*redis.ClusterClient); ok {
-		require.NoError(t, c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return n.ScriptFlush(ctx).Err() }))
-		return
-	}
-	require.NoError(t, rdb.ScriptFlush(ctx).Err())
-}
-
-// After SCRIPT FLUSH (as after a restart or a failover) EVALSHA answers
-// NOSCRIPT; the runtime reloads with SCRIPT LOAD, never EVAL, and retries once.
-func TestNoScriptReloads(t *testing.T) {
-	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
-		ctx := context.Background()
-		log := &commandLog{}
-		logged := recorded(t, rdb, log)
-		l := a.new(newClient(logged, newClock()), uniqueName(t)).WithDefault(tenPer10s)
-		for range 2 {
-			scriptFlush(t, rdb)
-			ok, err := l.TryAcquire(ctx, 1)
-			require.NoError(t, err)
-			assert.True(t, ok)
-		}
-		sent := log.sent()
-		assert.Contains(t, sent, "script load")
-		for _, name := range sent {
-			assert.NotEqual(t, "eval", name, "never EVAL: %v", sent)
-		}
-		assertAvailable(t, l, 8)
-	})
-}
-
 // plainScripter is a redis.Scripter and nothing more: no Process, so the
 // runtime sends its scripts through EvalSha.
 type plainScripter struct{ redis.Scripter }
@@ -267,50 +232,4 @@ func TestScriptsAreIntegersOnly(t *testing.T) {
 		assert.NotContains(t, s.Source, "tostring(", s.Name)
 		assert.NotContains(t, s.Source, "#!lua", "%s: shebangs break miniredis and Dragonfly", s.Name)
 	}
-}
-
-// Callers that meet NOSCRIPT together share one SCRIPT LOAD.
-func TestReloadIsSingleFlight(t *testing.T) {
-	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		if _, ok := rdb.(*redis.Client); !ok {
-			t.Skip("one server: a cluster loads every shard in one ScriptLoad")
-		}
-		for _, batching := range []bool{false, true} {
-			t.Run(fmt.Sprintf("batching=%v", batching), func(t *testing.T) {
-				ctx := context.Background()
-				log := &commandLog{}
-				logged := recorded(t, rdb, log)
-				var opts []Option
-				if !batching {
-					opts = append(opts, WithoutBatching())
-				}
-				c := newClient(logged, newClock(), opts...)
-				l := c.FixedWindow(uniqueName(t)).WithDefault(Per(1000, time.Minute))
-				scriptFlush(t, rdb)       // whatever other tests loaded on the server
-				_, err := l.Allow(ctx, 1) // loaded once
-				require.NoError(t, err)
-				loaded := log.count("script load " + scripts.Decide.SHA)
-				scriptFlush(t, rdb)
-				var wg sync.WaitGroup
-				start := make(chan struct{})
-				for range 32 {
-					wg.Go(func() {
-						<-start
-						_, err := l.Allow(ctx, 1)
-						assert.NoError(t, err)
-					})
-				}
-				close(start)
-				wg.Wait()
-				if !batching {
-					assert.Equal(t, 2, log.count("script load"), "one load before the flush, one after: %v", log.sent())
-					return
-				}
-				// The first callers go alone, the others in batches, all
-				// through the one decision script: loaded once after the
-				// flush.
-				assert.Equal(t, loaded+1, log.count("script load "+scripts.Decide.SHA), "one load after the flush: %v", log.sent())
-			})
-		}
-	})
 }

@@ -17,15 +17,15 @@ func TestSlidingWindowSteps(t *testing.T) {
 	ms := time.Millisecond
 	// 10 per 10s in 10 sub-windows of 1s.
 	stepTable(t, (*Client).SlidingWindow, tenPer10s, []step{
-		{0, 4, true, 6, 0, 10000 * ms},        // sub-window 0 leaves the window at 10s
-		{9500 * ms, 6, true, 0, 0, 9500 * ms}, // sub-window 9 leaves at 19s
-		{9999 * ms, 1, false, 0, 1 * ms, 9001 * ms},
-		{10000 * ms, 5, false, 4, 9000 * ms, 9000 * ms}, // 5 need sub-window 9 gone
-		{10000 * ms, 4, true, 0, 0, 10000 * ms},
-		{18999 * ms, 1, false, 0, 1 * ms, 1001 * ms},
-		{19000 * ms, 6, true, 0, 0, 10000 * ms},
-		{20000 * ms, 0, true, 4, 0, 9000 * ms},
-		{29000 * ms, 0, true, 10, 0, 0},
+		{0, 4, true, 6, 0, 10000 * ms, 0},        // sub-window 0 leaves the window at 10s
+		{9500 * ms, 6, true, 0, 0, 9500 * ms, 0}, // sub-window 9 leaves at 19s
+		{9999 * ms, 1, false, 0, 1 * ms, 9001 * ms, 0},
+		{10000 * ms, 5, false, 4, 9000 * ms, 9000 * ms, 0}, // 5 need sub-window 9 gone
+		{10000 * ms, 4, true, 0, 0, 10000 * ms, 0},
+		{18999 * ms, 1, false, 0, 1 * ms, 1001 * ms, 0},
+		{19000 * ms, 6, true, 0, 0, 10000 * ms, 0},
+		{20000 * ms, 0, true, 4, 0, 9000 * ms, 0},
+		{29000 * ms, 0, true, 10, 0, 0, 0},
 	})
 }
 
@@ -34,11 +34,11 @@ func TestSlidingWindowNeverGoesBack(t *testing.T) {
 	// that sub-window and counted in it, so a later request still sees it.
 	ms := time.Millisecond
 	stepTable(t, (*Client).SlidingWindow, tenPer10s, []step{
-		{10000 * ms, 6, true, 4, 0, 10000 * ms},
-		{0, 4, true, 0, 0, 20000 * ms}, // counted in sub-window 10, not 0
-		{10000 * ms, 1, false, 0, 10000 * ms, 10000 * ms},
-		{19999 * ms, 1, false, 0, 1 * ms, 1 * ms},
-		{20000 * ms, 10, true, 0, 0, 10000 * ms},
+		{10000 * ms, 6, true, 4, 0, 10000 * ms, 0},
+		{0, 4, true, 0, 0, 20000 * ms, 0}, // counted in sub-window 10, not 0
+		{10000 * ms, 1, false, 0, 10000 * ms, 10000 * ms, 0},
+		{19999 * ms, 1, false, 0, 1 * ms, 1 * ms, 0},
+		{20000 * ms, 10, true, 0, 0, 10000 * ms, 0},
 	})
 }
 
@@ -67,10 +67,10 @@ func TestSlidingWindowSetRateKeepsUsageAcrossIntervals(t *testing.T) {
 	// the old grants fall in the new sub-window of their time, and age out
 	// with it.
 	s := time.Second
-	stepsAcrossSetRate(t, (*Client).SlidingWindow, tenPer10s, []step{{5 * s, 6, true, 4, 0, 10 * s}}, Per(10, 100*time.Second), []step{ // sub-windows of 10s
-		{5 * s, 5, false, 4, 95 * s, 95 * s},
-		{5 * s, 4, true, 0, 0, 95 * s},
-		{100 * s, 10, true, 0, 0, 100 * s},
+	stepsAcrossSetRate(t, (*Client).SlidingWindow, tenPer10s, []step{{5 * s, 6, true, 4, 0, 10 * s, 0}}, Per(10, 100*time.Second), []step{ // sub-windows of 10s
+		{5 * s, 5, false, 4, 95 * s, 95 * s, 0},
+		{5 * s, 4, true, 0, 0, 95 * s, 0},
+		{100 * s, 10, true, 0, 0, 100 * s, 0},
 	})
 }
 

@@ -36,17 +36,17 @@ func assertLogAgrees(t *testing.T, rdb redis.UniversalClient, l *Limiter, rate i
 func TestTokenBucketAcquisitionInterval(t *testing.T) {
 	ms := time.Millisecond
 	stepTable(t, (*Client).TokenBucket, Per(2, 5*time.Second), []step{
-		{0, 1, true, 1, 0, 5000 * ms},
-		{0, 1, true, 0, 0, 5000 * ms},
-		{0, 1, false, 0, 5000 * ms, 5000 * ms},
-		{4900 * ms, 1, false, 0, 100 * ms, 100 * ms},
-		{4999 * ms, 2, false, 0, 1 * ms, 1 * ms},
-		{5000 * ms, 1, true, 1, 0, 5000 * ms}, // a record at s is out once s <= now − interval
-		{5000 * ms, 2, false, 1, 5000 * ms, 5000 * ms},
-		{7000 * ms, 1, true, 0, 0, 5000 * ms},
-		{9999 * ms, 1, false, 0, 1 * ms, 2001 * ms},
-		{10000 * ms, 2, false, 1, 2000 * ms, 2000 * ms},
-		{12000 * ms, 2, true, 0, 0, 5000 * ms},
+		{0, 1, true, 1, 0, 5000 * ms, 0},
+		{0, 1, true, 0, 0, 5000 * ms, 0},
+		{0, 1, false, 0, 5000 * ms, 5000 * ms, 0},
+		{4900 * ms, 1, false, 0, 100 * ms, 100 * ms, 0},
+		{4999 * ms, 2, false, 0, 1 * ms, 1 * ms, 0},
+		{5000 * ms, 1, true, 1, 0, 5000 * ms, 0}, // a record at s is out once s <= now − interval
+		{5000 * ms, 2, false, 1, 5000 * ms, 5000 * ms, 0},
+		{7000 * ms, 1, true, 0, 0, 5000 * ms, 0},
+		{9999 * ms, 1, false, 0, 1 * ms, 2001 * ms, 0},
+		{10000 * ms, 2, false, 1, 2000 * ms, 2000 * ms, 0},
+		{12000 * ms, 2, true, 0, 0, 5000 * ms, 0},
 	})
 }
 
@@ -57,11 +57,11 @@ func TestTokenBucketExactRetryAfter(t *testing.T) {
 		clk := newClock()
 		l := newClient(rdb, clk).TokenBucket(uniqueName(t)).WithDefault(tenPer10s)
 		s := time.Second
-		runSteps(t, l, clk, []step{
-			{0, 3, true, 7, 0, 10 * s},
-			{2 * s, 3, true, 4, 0, 10 * s},
-			{4 * s, 4, true, 0, 0, 10 * s},
-			{5 * s, 5, false, 0, 7 * s, 9 * s}, // frees 3 at 10s, 3 more at 12s
+		runSteps(t, l, clk, tenPer10s, []step{
+			{0, 3, true, 7, 0, 10 * s, 0},
+			{2 * s, 3, true, 4, 0, 10 * s, 0},
+			{4 * s, 4, true, 0, 0, 10 * s, 0},
+			{5 * s, 5, false, 0, 7 * s, 9 * s, 0}, // frees 3 at 10s, 3 more at 12s
 		})
 		clk.Set(epoch.Add(12 * s))
 		r, err := l.Allow(context.Background(), 5)
@@ -231,10 +231,10 @@ func TestWeReadRedissons(t *testing.T) {
 		l := newClient(rdb, clk).TokenBucket(name)
 		assertConfig(t, l, Per(5, 10*time.Second))
 		s := time.Second
-		runSteps(t, l, clk, []step{
-			{0, 0, true, 2, 0, 9 * s},
-			{0, 3, false, 2, 6 * s, 9 * s}, // the 2-permit record, granted 4s ago, ages out at 6s
-			{6 * s, 3, true, 1, 0, 10 * s},
+		runSteps(t, l, clk, Per(5, 10*time.Second), []step{
+			{0, 0, true, 2, 0, 9 * s, 0},
+			{0, 3, false, 2, 6 * s, 9 * s, 0}, // the 2-permit record, granted 4s ago, ages out at 6s
+			{6 * s, 3, true, 1, 0, 10 * s, 0},
 		})
 		assert.Equal(t, "1", rdb.Get(ctx, "{"+name+"}:value").Val())
 		assert.Equal(t, []string{redistest.RedissonPermit(2, 1)}, rdb.ZRange(ctx, "{"+name+"}:permits", 0, 0).Val())

@@ -1,5 +1,9 @@
 package redlimit
 
+// The primary holding a limiter changes under load: a Sentinel failover, a
+// Cluster failover, a Cluster slot moved to another primary (reshard), and a
+// plain client left pointing at a former primary.
+
 import (
 	"context"
 	"strconv"
@@ -10,10 +14,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/redlimit/redlimit/internal/redistest"
 )
 
 // sentinelRate is each limiter's limit, per hour. An hour is far longer than
@@ -232,27 +235,58 @@ func TestSentinelFormerPrimaryRefuses(t *testing.T) {
 	}
 }
 
-// infoValue returns one field of INFO section ("" if absent); for errorstats
-// and commandstats, the "count=…"/"calls=…" text.
-func infoValue(t *testing.T, rdb *redis.Client, section, field string) string {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), section).Result()
-	require.NoError(t, err)
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
+// clusterChange runs change on a dedicated cluster while 32 callers hammer
+// one limiter of each algorithm whose keys live in slot, through one Client,
+// so that their decisions go in batches. Each limiter grants
+// 300 permits an hour, far fewer than asked for: every one must be granted,
+// and not one more, across the change.
+func clusterChange(t *testing.T, change func(c *redistest.Cluster, slot int)) {
+	ctx := context.Background()
+	cluster := redistest.StartCluster(t)
+	rdb := cluster.Client(t)
+	const slot, rate = 4242, 300
+	var limiters []*Limiter
+	client := New(rdb) // one Client: the callers' decisions go in batches of the slot
+	for _, a := range algorithms {
+		name := redistest.HashTagForSlot(slot) + a.name
+		limiters = append(limiters, a.new(client, name).WithDefault(PerHour(rate)))
 	}
-	return ""
+	stop := make(chan struct{})
+	granted, errs := hammerUntil(ctx, limiters, 32, stop)
+	time.Sleep(300 * time.Millisecond)
+	change(cluster, slot)
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	seen := errs()
+	t.Logf("%d grants, %d errors surfaced", granted.Load(), len(seen))
+	for _, err := range seen {
+		assert.ErrorIs(t, err, ErrUnavailable, "only documented errors surface: %v", err)
+	}
+	for _, l := range limiters {
+		assertAvailable(t, l, 0, "%s: every permit was granted", l.Name())
+	}
+	assert.Equal(t, int64(rate*len(limiters)), granted.Load(), "exactly the limit, across the change")
+	calls, decisions := client.transport.BatchStats()
+	t.Logf("%d decisions in %d batches", decisions, calls)
+	assert.NotZero(t, calls, "batches formed")
 }
 
-// clearOfHourEdge waits, if need be, until the next 30 s do not cross a whole
-// hour: a fixed window of an hour starts afresh there, which would add a
-// limit's worth of grants to a test that counts them.
-func clearOfHourEdge(t *testing.T) {
-	now := time.Now()
-	if edge := now.Truncate(time.Hour).Add(time.Hour); edge.Sub(now) < 30*time.Second {
-		t.Logf("waiting %v for the hour to turn", edge.Sub(now).Round(time.Millisecond))
-		time.Sleep(edge.Sub(now) + 100*time.Millisecond)
-	}
+// The new primary after a failover has no scripts (the script cache is not
+// replicated): calls reload them and go on.
+func TestClusterFailoverUnderLoad(t *testing.T) {
+	clusterChange(t, func(c *redistest.Cluster, slot int) {
+		before := c.SlotOwner(t, slot)
+		c.Failover(t, slot)
+		require.NotEqual(t, before, c.SlotOwner(t, slot))
+	})
+}
+
+// Moving the limiters' slot to another primary (MIGRATE, then ASK and MOVED
+// redirections) keeps every decision exact.
+func TestClusterReshardUnderLoad(t *testing.T) {
+	clusterChange(t, func(c *redistest.Cluster, slot int) {
+		before := c.SlotOwner(t, slot)
+		c.MoveSlot(t, slot)
+		require.NotEqual(t, before, c.SlotOwner(t, slot))
+	})
 }

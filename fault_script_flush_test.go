@@ -1,5 +1,10 @@
 package redlimit
 
+// The script cache emptied (SCRIPT FLUSH, as after a restart or a
+// failover; on a Cluster, shard by shard): EVALSHA answers NOSCRIPT, the
+// library reloads with SCRIPT LOAD (once for callers that meet it together)
+// and decides; no caller ever sees NOSCRIPT.
+
 import (
 	"context"
 	"fmt"
@@ -11,11 +16,127 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redlimit/redlimit/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/redlimit/redlimit/internal/redistest"
 )
+
+func scriptFlush(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	if p, ok := rdb.(prefixed); ok {
+		rdb = p.UniversalClient
+	}
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		require.NoError(t, c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return n.ScriptFlush(ctx).Err() }))
+		return
+	}
+	require.NoError(t, rdb.ScriptFlush(ctx).Err())
+}
+
+// After SCRIPT FLUSH (as after a restart or a failover) EVALSHA answers
+// NOSCRIPT; the runtime reloads with SCRIPT LOAD, never EVAL, and retries once.
+func TestScriptFlushReloads(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
+		ctx := context.Background()
+		log := &commandLog{}
+		logged := recorded(t, rdb, log)
+		l := a.new(newClient(logged, newClock()), uniqueName(t)).WithDefault(tenPer10s)
+		for range 2 {
+			scriptFlush(t, rdb)
+			ok, err := l.TryAcquire(ctx, 1)
+			require.NoError(t, err)
+			assert.True(t, ok)
+		}
+		sent := log.sent()
+		assert.Contains(t, sent, "script load")
+		for _, name := range sent {
+			assert.NotEqual(t, "eval", name, "never EVAL: %v", sent)
+		}
+		assertAvailable(t, l, 8)
+	})
+}
+
+// Callers that meet NOSCRIPT together share one SCRIPT LOAD.
+func TestScriptFlushReloadIsSingleFlight(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		if _, ok := rdb.(*redis.Client); !ok {
+			t.Skip("one server: a cluster loads every shard in one ScriptLoad")
+		}
+		for _, batching := range []bool{false, true} {
+			t.Run(fmt.Sprintf("batching=%v", batching), func(t *testing.T) {
+				ctx := context.Background()
+				log := &commandLog{}
+				logged := recorded(t, rdb, log)
+				var opts []Option
+				if !batching {
+					opts = append(opts, WithoutBatching())
+				}
+				c := newClient(logged, newClock(), opts...)
+				l := c.FixedWindow(uniqueName(t)).WithDefault(Per(1000, time.Minute))
+				scriptFlush(t, rdb)       // whatever other tests loaded on the server
+				_, err := l.Allow(ctx, 1) // loaded once
+				require.NoError(t, err)
+				loaded := log.count("script load " + scripts.Decide.SHA)
+				scriptFlush(t, rdb)
+				var wg sync.WaitGroup
+				start := make(chan struct{})
+				for range 32 {
+					wg.Go(func() {
+						<-start
+						_, err := l.Allow(ctx, 1)
+						assert.NoError(t, err)
+					})
+				}
+				close(start)
+				wg.Wait()
+				if !batching {
+					assert.Equal(t, 2, log.count("script load"), "one load before the flush, one after: %v", log.sent())
+					return
+				}
+				// The first callers go alone, the others in batches, all
+				// through the one decision script: loaded once after the
+				// flush.
+				assert.Equal(t, loaded+1, log.count("script load "+scripts.Decide.SHA), "one load after the flush: %v", log.sent())
+			})
+		}
+	})
+}
+
+func TestScriptFlushUnderLoad(t *testing.T) {
+	t.Run("alone", func(t *testing.T) { scriptFlushUnderLoad(t, false) })
+	t.Run("batched", func(t *testing.T) { scriptFlushUnderLoad(t, true) })
+}
+
+func scriptFlushUnderLoad(t *testing.T, batching bool) {
+	b := newFaultBed(t, &redis.Options{})
+	ctx := context.Background()
+	var opts []Option
+	if !batching {
+		opts = append(opts, WithoutBatching())
+	}
+	runs := countingRuns(t, New(b.rdb, opts...))
+	wait := faultHammer(t, runs, faultWorkers, untilDenied)
+	flushes := 0
+	for _, at := range []int64{faultCapacity / 5, faultCapacity / 2} {
+		waitProgress(t, runs, at)
+		require.NoError(t, b.admin.ScriptFlush(ctx).Err())
+		flushes++
+	}
+	wait()
+
+	assertExact(t, b.admin, runs)
+	for _, r := range runs {
+		t.Logf("%s: %d grants, %d denials", r.algo.name, r.granted.Load(), r.denied.Load())
+	}
+	// One load on the fresh server, then one per flush: callers that met
+	// NOSCRIPT together share one (Transport.reload), whatever the
+	// algorithm: every decision, lone or batched, runs the one script.
+	loads := b.wire.count("script load " + scripts.Decide.SHA)
+	t.Logf("%d SCRIPT LOAD", loads)
+	assert.Equal(t, 1+flushes, loads, "reloaded once after each flush")
+	assert.Zero(t, b.wire.count("eval"), "the library never asks for EVAL")
+	assert.Zero(t, b.wire.wrote("eval"), "no EVAL was written to a socket")
+}
 
 // primaryClients returns the ClusterClient's connection to each primary,
 // ordered by address so that a run flushes them in a fixed order.
@@ -41,7 +162,7 @@ func primaryClients(t *testing.T, rdb *redis.ClusterClient) []*redis.Client {
 // flush is staggered many times over, with pauses from a couple of
 // milliseconds (flushes land while a load is on its way) to tens (one lands
 // after every load has finished).
-func TestScriptLossStaggered(t *testing.T) {
+func TestScriptFlushStaggered(t *testing.T) {
 	const runs, perAlgorithm, rate, callers = 16, 6, 1000, 32
 	cluster := redistest.SharedCluster(t)
 	rdb := cluster.Client(t)
@@ -138,8 +259,8 @@ func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // The two ways a retry met NOSCRIPT again, each played step by step on one
-// server: the bug TestScriptLossStaggered finds by chance, made certain.
-func TestScriptLossSteps(t *testing.T) {
+// server: the bug TestScriptFlushStaggered finds by chance, made certain.
+func TestScriptFlushSteps(t *testing.T) {
 	servers := map[string]func(t *testing.T) *redis.Client{
 		"miniredis": func(t *testing.T) *redis.Client { return redistest.Miniredis(t) },
 		"redis":     func(t *testing.T) *redis.Client { return redistest.Shared(t).Client(t) },

@@ -1,5 +1,8 @@
 package redlimit
 
+// Redis full: maxmemory reached, with noeviction (writes refused with OOM)
+// or an eviction policy (limiter state evicted).
+
 import (
 	"context"
 	"fmt"
@@ -109,7 +112,7 @@ return redis.error_reply('the clock never held still for a millisecond')`
 // grant; WithFailOpen grants; a peek, which writes nothing, still answers;
 // and every key of the limiter is as it was. Once memory is freed the
 // limiter goes on from the same count.
-func TestMemoryNoEviction(t *testing.T) {
+func TestMemoryFullNoEviction(t *testing.T) {
 	ctx := context.Background()
 	clearOfHourEdge(t)
 	admin, rdb := ownServer(t)
@@ -204,7 +207,7 @@ func TestMemoryNoEviction(t *testing.T) {
 // one key here). Whatever is evicted, callers only ever see ErrUnavailable
 // (OOM) and never fewer grants than the limit: a state cut in half by
 // eviction is never ErrCorruptState.
-func TestMemoryEviction(t *testing.T) {
+func TestMemoryFullEviction(t *testing.T) {
 	for _, tc := range []struct {
 		policy string
 		reset  bool // every limiter's state must be evicted
@@ -305,5 +308,64 @@ func TestMemoryEviction(t *testing.T) {
 				assert.True(t, oom, "%s: the filler met OOM once nothing volatile was left", tc.policy)
 			}
 		})
+	}
+}
+
+// A full Redis (maxmemory, noeviction) is an outage for every algorithm,
+// with the request log (WithRetryWindow) or without, Overall or PerClient,
+// the rate stored or a default: ErrUnavailable with the OOM kept, never
+// ErrCorruptState; WithFailOpen grants, and nothing is half-written.
+func TestMemoryFullErrorClass(t *testing.T) {
+	ctx := context.Background()
+	admin, rdb := ownServer(t)
+	type pair struct {
+		name         string
+		closed, open *Limiter
+	}
+	var pairs []pair
+	for _, window := range []time.Duration{0, 15 * time.Second} {
+		closed, open := New(rdb, WithRetryWindow(window)), New(rdb, WithRetryWindow(window), WithFailOpen())
+		for _, a := range algorithms {
+			for _, cfg := range []Config{PerHour(10), {Type: PerClient, Rate: 10, Interval: time.Hour}} {
+				what := a.name + "/" + cfg.Type.String() + "/retry window " + window.String()
+				stored := uniqueName(t) + "-" + what + "-stored"
+				require.NoError(t, a.new(closed, stored).SetRate(ctx, cfg))
+				dflt := uniqueName(t) + "-" + what + "-default"
+				pairs = append(pairs,
+					pair{what + "/stored", a.new(closed, stored), a.new(open, stored)},
+					pair{what + "/default", a.new(closed, dflt).WithDefault(cfg), a.new(open, dflt).WithDefault(cfg)})
+			}
+		}
+	}
+	for _, p := range pairs {
+		for range 3 {
+			ok, err := p.closed.TryAcquire(ctx, 1)
+			require.NoError(t, err, p.name)
+			require.True(t, ok, p.name)
+		}
+	}
+	before := map[string]map[string]string{}
+	for _, p := range pairs {
+		before[p.name] = limiterDump(t, admin, p.closed)
+	}
+	setMaxmemory(t, admin, "noeviction", 1<<20)
+	_, oom := fillUntilOOM(t, admin, 8<<20)
+	require.True(t, oom)
+	setMaxmemory(t, admin, "noeviction", -256<<10)
+	t.Cleanup(func() { admin.ConfigSet(context.Background(), "maxmemory", "0") })
+
+	for _, p := range pairs {
+		ok, err := p.closed.TryAcquire(ctx, 1)
+		assert.False(t, ok, p.name)
+		assert.ErrorIs(t, err, ErrUnavailable, p.name)
+		assert.NotErrorIs(t, err, ErrCorruptState, p.name)
+		assert.ErrorContains(t, err, "OOM", "%s: the cause is kept", p.name)
+		if err != nil {
+			assert.NotContains(t, err.Error(), "corrupt", p.name)
+		}
+		ok, err = p.open.TryAcquire(ctx, 1)
+		assert.NoError(t, err, p.name)
+		assert.True(t, ok, "%s: fail-open grants", p.name)
+		assert.Equal(t, before[p.name], limiterDump(t, admin, p.closed), "%s: nothing half-written", p.name)
 	}
 }
