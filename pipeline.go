@@ -291,10 +291,10 @@ func resultOf(d wire.Decision) Result {
 	if len(d.More) > 0 {
 		r.Bound = d.Bound
 		r.Quotas = make([]Quota, 1, 1+len(d.More))
-		r.Quotas[0] = Quota{Limit: r.Limit, Window: r.Window}
-		for _, m := range d.More {
+		r.Quotas[0] = Quota{Limit: r.Limit, Window: r.Window, ResetAfter: micros(d.Resets[0])}
+		for i, m := range d.More {
 			limit, window := wire.Quota(m)
-			r.Quotas = append(r.Quotas, Quota{Limit: limit, Window: time.Duration(window) * time.Millisecond})
+			r.Quotas = append(r.Quotas, Quota{Limit: limit, Window: time.Duration(window) * time.Millisecond, ResetAfter: micros(d.Resets[i+1])})
 		}
 		r.Limit, r.Window = r.Quotas[r.Bound].Limit, r.Quotas[r.Bound].Window
 	}

@@ -33,8 +33,8 @@ type Result struct {
 	// answer, whose Limit and Window these are: 0 for the config's own, i for
 	// More[i-1]. Denied, it is the rate with the longest wait (or one that can
 	// never grant that many); allowed, the one with the fewest permits left.
-	// Quotas lists every rate's Limit and Window, in config order; with one
-	// rate it is nil.
+	// Quotas lists every rate's Limit, Window and ResetAfter, in config
+	// order; with one rate it is nil.
 	Bound  int
 	Quotas []Quota
 	// Reason says what decided: the limit (ReasonLimit, the zero value),
@@ -77,8 +77,11 @@ func (r Reason) String() string {
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
 
-// Quota is one rate's Limit and Window, as Result reports them.
+// Quota is one rate's Limit and Window, as Result reports them, and the
+// time until that rate is full again: its window resets (a funnel's burst
+// has drained).
 type Quota struct {
-	Limit  int64
-	Window time.Duration
+	Limit      int64
+	Window     time.Duration
+	ResetAfter time.Duration
 }

@@ -66,9 +66,9 @@ func For(name string, r redlimit.Result) Fields {
 	} else if len(r.Quotas) > 1 {
 		// ResetAfter is the slowest rate's, an hour for 10 per second and
 		// 1000 per hour: t=3600 beside the per-second policy would have a
-		// client spread its 9 permits over an hour. The bound rate is full
-		// again within its own Window.
-		effective = min(effective, r.Window)
+		// client spread its 9 permits over an hour. t is the bound rate's:
+		// until its own window resets.
+		effective = r.Quotas[r.Bound].ResetAfter
 	}
 	return Fields{
 		Policy:    policy,

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -54,7 +55,10 @@ const (
 	PosWindow           // ms: the span the first rate's limit applies to
 	PosShadow           // 1: the stored config is in shadow mode
 	PosBound            // several rates: the rate that bound the answer
-	PosMore             // several rates: the further ones, four numbers each (FieldMore's format)
+	// With several rates, PosBound is followed by each rate's reset (µs
+	// until it is full again), in config order, then, in a full reply, the
+	// further rates, four numbers each (FieldMore's format).
+	PosResets
 )
 
 // FullFields names each field of a full reply by the Lua local that holds
@@ -82,8 +86,9 @@ type Decision struct {
 	WindowMS               int64
 	Shadow                 bool
 	Bound                  int
-	More                   []Rate // several rates: the further ones
-	GrantAt, Taken, EndsUS int64  // a reservation's tail
+	Resets                 []int64 // several rates: each one's µs until it is full again
+	More                   []Rate  // several rates: the further ones
+	GrantAt, Taken, EndsUS int64   // a reservation's tail
 	reserved               bool
 }
 
@@ -102,24 +107,33 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 		s, d.GrantAt, d.Taken, d.EndsUS, d.reserved = head, n[0], n[1], n[2], true
 	}
 	kind, s, _ := strings.Cut(s, " ")
-	var n [PosMore + 4*(MaxRates-1)]int64
-	fields := 0
+	var n [PosResets + 5*MaxRates]int64
+	fields, rates := 0, 1
 	switch kind {
 	case ReplyHash, ReplyFull:
 		fields = 1 + strings.Count(s, " ")
-		if fields != PosBound && (fields < PosMore+4 || fields > len(n) || (fields-PosMore)%4 != 0) || !Spaced(s, n[:fields]) {
+		if fields > PosBound {
+			// The bound, a reset per rate, four numbers per further rate.
+			rates = (fields - PosResets + 4) / 5
+		}
+		if fields != PosBound && (rates < 2 || rates > MaxRates || fields != PosResets+5*rates-4) || !Spaced(s, n[:fields]) {
 			return Decision{}, false
 		}
 	case ReplyDefault:
 		if len(dflt) == 0 || dflt[0].Rate < 1 {
 			return Decision{}, false
 		}
+		rates = len(dflt)
 		at := DefaultFields[:len(DefaultFields)-1]
-		if len(dflt) > 1 {
+		if rates > 1 {
 			at = DefaultFields[:]
 		}
-		var v [len(DefaultFields)]int64
-		if 1+strings.Count(s, " ") != len(at) || !Spaced(s, v[:len(at)]) {
+		var v [len(DefaultFields) + MaxRates]int64
+		given := len(at)
+		if rates > 1 {
+			given += rates
+		}
+		if 1+strings.Count(s, " ") != given || !Spaced(s, v[:given]) {
 			return Decision{}, false
 		}
 		for i, field := range at {
@@ -128,10 +142,11 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 		limit, window := Quota(dflt[0])
 		n[PosLimit], n[PosWindow] = limit, window
 		fields = PosBound
-		if len(dflt) > 1 {
-			fields = PosMore
+		if rates > 1 {
+			copy(n[PosResets:], v[len(at):given])
+			fields = PosResets + rates
 			for _, o := range dflt[1:] {
-				n[fields], n[fields+1], n[fields+2] = o.Rate, o.IntervalMS, o.Burst
+				n[fields], n[fields+1], n[fields+2], n[fields+3] = o.Rate, o.IntervalMS, o.Burst, o.Buckets
 				fields += 4
 			}
 		}
@@ -146,7 +161,11 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 	d.Retry, d.Reset, d.WindowMS, d.Shadow = n[PosRetry], n[PosReset], n[PosWindow], n[PosShadow] == 1
 	if fields > PosBound {
 		d.Bound = int(n[PosBound])
-		for i := PosMore; i < fields; i += 4 {
+		d.Resets = n[PosResets : PosResets+rates]
+		if !micros(d.Resets) || slices.Min(d.Resets) < 0 {
+			return Decision{}, false
+		}
+		for i := PosResets + rates; i < fields; i += 4 {
 			r := Rate{Rate: n[i], IntervalMS: n[i+1], Burst: n[i+2], Buckets: n[i+3]}
 			if r.Rate < 1 || r.IntervalMS < 1 || r.Burst < 0 {
 				return Decision{}, false
