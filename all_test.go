@@ -208,7 +208,8 @@ func TestAllowAllMixedLimiters(t *testing.T) {
 		assert.True(t, all.Allowed)
 		assert.Equal(t, []string{"true 2 0s", "true 3 0s", "true 1 0s", "true 4 0s"}, verdicts(all))
 		assert.Equal(t, int64(2), h.n.Load(), "one call, and one more to learn that key is PerClient")
-		assert.Equal(t, []Quota{{3, time.Second}, {5, time.Minute}}, all.Results[0].Quotas)
+		assert.Equal(t, []Quota{{Limit: 3, Window: time.Second, ResetAfter: time.Second}, {Limit: 5, Window: time.Minute, ResetAfter: time.Minute}}, all.Results[0].Quotas,
+			"a sliding window is full again a window after its grant")
 
 		h.n.Store(0)
 		all, err = c.AllowAll(ctx, wants(1, ls...)...)

@@ -115,10 +115,13 @@ func TestCalendarMonthWithRate(t *testing.T) {
 		clk.Set(time.Date(2028, 1, 30, 12, 0, 0, 0, berlin))
 		month := 31 * 24 * time.Hour
 		left := time.Date(2028, 1, 31, 0, 0, 0, 0, berlin).Sub(clk.Now())
-		quotas := []Quota{{Limit: 2, Window: time.Second}, {Limit: 5, Window: month}}
-		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 1, ResetAfter: left, Window: time.Second, Bound: 0, Quotas: quotas}, allow(t, l, 1))
-		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 0, ResetAfter: left, Window: time.Second, Bound: 0, Quotas: quotas}, allow(t, l, 1))
-		assert.Equal(t, Result{Limit: 2, RetryAfter: time.Second, ResetAfter: left, Window: time.Second, Bound: 0, Quotas: quotas}, allow(t, l, 1),
+		// Each rate's reset: the second's window, the month's.
+		quotas := func(second, month time.Duration) []Quota {
+			return []Quota{{Limit: 2, Window: time.Second, ResetAfter: second}, {Limit: 5, Window: 31 * 24 * time.Hour, ResetAfter: month}}
+		}
+		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 1, ResetAfter: left, Window: time.Second, Bound: 0, Quotas: quotas(time.Second, left)}, allow(t, l, 1))
+		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 0, ResetAfter: left, Window: time.Second, Bound: 0, Quotas: quotas(time.Second, left)}, allow(t, l, 1))
+		assert.Equal(t, Result{Limit: 2, RetryAfter: time.Second, ResetAfter: left, Window: time.Second, Bound: 0, Quotas: quotas(time.Second, left)}, allow(t, l, 1),
 			"the rate per second denies")
 		clk.Add(time.Second)
 		left -= time.Second
@@ -127,25 +130,27 @@ func TestCalendarMonthWithRate(t *testing.T) {
 		left -= time.Second
 		assert.True(t, allow(t, l, 1).Allowed)
 		r := allow(t, l, 1)
-		assert.Equal(t, Result{Limit: 5, RetryAfter: left, ResetAfter: left, Window: month, Bound: 1, Quotas: quotas}, r,
+		assert.Equal(t, Result{Limit: 5, RetryAfter: left, ResetAfter: left, Window: month, Bound: 1, Quotas: quotas(time.Second, left)}, r,
 			"the month's 5 are taken: denied until the 31st")
 		// February 2028 has 29 days: its window runs from 29 February to 31 March.
 		clk.Set(time.Date(2028, 2, 28, 23, 59, 56, 0, berlin))
 		febWindow := time.Date(2028, 2, 29, 0, 0, 0, 0, berlin).Sub(time.Date(2028, 1, 31, 0, 0, 0, 0, berlin))
 		r = allow(t, l, 1)
-		assert.Equal(t, []Quota{{Limit: 2, Window: time.Second}, {Limit: 5, Window: febWindow}}, r.Quotas, "31 January to 29 February")
+		assert.Equal(t, []Quota{{Limit: 2, Window: time.Second, ResetAfter: time.Second}, {Limit: 5, Window: febWindow, ResetAfter: 4 * time.Second}}, r.Quotas,
+			"31 January to 29 February")
 		clk.Add(time.Second)
 		assert.True(t, allow(t, l, 2).Allowed)
 		clk.Add(time.Second)
 		assert.True(t, allow(t, l, 2).Allowed)
 		clk.Add(time.Second)
 		assert.Equal(t, Result{Limit: 5, RetryAfter: time.Second, ResetAfter: time.Second, Window: febWindow, Bound: 1,
-			Quotas: []Quota{{Limit: 2, Window: time.Second}, {Limit: 5, Window: febWindow}}}, allow(t, l, 1), "5 since 31 January")
+			Quotas: []Quota{{Limit: 2, Window: time.Second}, {Limit: 5, Window: febWindow, ResetAfter: time.Second}}}, allow(t, l, 1),
+			"5 since 31 January: the second's window holds nothing yet")
 		clk.Set(time.Date(2028, 2, 29, 0, 0, 0, 0, berlin))
 		r = allow(t, l, 1)
 		march := time.Date(2028, 3, 31, 0, 0, 0, 0, berlin).Sub(clk.Now()) // 31 days less DST's hour
 		assert.Equal(t, Result{Allowed: true, Limit: 2, Remaining: 1, ResetAfter: march, Window: time.Second, Bound: 0,
-			Quotas: []Quota{{Limit: 2, Window: time.Second}, {Limit: 5, Window: march}}}, r, "a new window on 29 February")
+			Quotas: []Quota{{Limit: 2, Window: time.Second, ResetAfter: time.Second}, {Limit: 5, Window: march, ResetAfter: march}}}, r, "a new window on 29 February")
 		assert.Equal(t, 31*24*time.Hour-time.Hour, march)
 	})
 }

@@ -245,7 +245,7 @@ func ExampleConfig_And() {
 	// at 0s allowed false remaining 0, retry after 1s  rate 0: 2 per 1s
 	// at 1s allowed true  remaining 0, retry after 0s  rate 1: 3 per 1m0s
 	// at 2s allowed false remaining 0, retry after 58s rate 1: 3 per 1m0s
-	// every rate: [{2 1s} {3 1m0s}]
+	// every rate: [{2 1s 0s} {3 1m0s 58s}]
 }
 
 // A monthly quota billed from the 31st: the window follows New York's

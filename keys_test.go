@@ -247,7 +247,7 @@ func TestDefaultSourceFollowsTheLayout(t *testing.T) {
 		for range 3 {
 			r, err := two.Allow(ctx, 1)
 			require.NoError(t, err)
-			assert.Equal(t, []Quota{{10, 10 * time.Second}, {100, time.Hour}}, r.Quotas)
+			assert.Equal(t, []Quota{{Limit: 10, Window: 10 * time.Second}, {Limit: 100, Window: time.Hour}}, limitsAndWindows(r.Quotas))
 		}
 		assert.Equal(t, []string{"default", "default", "default"}, log.sourcesSent())
 	})

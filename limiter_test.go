@@ -851,13 +851,23 @@ func TestReplyShapes(t *testing.T) {
 	r, err = parseResult("d 1 7 0 2000", Config{Rate: 10, Interval: time.Second, Burst: 25})
 	require.NoError(t, err)
 	assert.Equal(t, Result{Allowed: true, Limit: 25, Remaining: 7, ResetAfter: 2 * time.Millisecond, Window: 2500 * time.Millisecond}, r)
-	// With several rates, the bound follows; the quotas are the default's.
+	// With several rates, the bound follows, then each rate's reset; the
+	// limits and windows are the default's.
 	two := Per(10, time.Second).And(PerMinute(100))
-	r, err = parseResult("d 0 4 3000 2000 1", two)
+	r, err = parseResult("d 0 4 3000 2000 1 500 2000", two)
 	require.NoError(t, err)
 	assert.Equal(t, Result{Limit: 100, Remaining: 4, RetryAfter: 3 * time.Millisecond, ResetAfter: 2 * time.Millisecond,
-		Window: time.Minute, Bound: 1, Quotas: []Quota{{10, time.Second}, {100, time.Minute}}}, r)
-	for _, reply := range []string{"d 0 4 3000 2000 2", "d 0 4 3000 2000 -1", "d 1 7 0 2000", "h 0 4 3000 2000 1 0"} {
+		Window: time.Minute, Bound: 1, Quotas: []Quota{{Limit: 10, Window: time.Second, ResetAfter: 500 * time.Microsecond},
+			{Limit: 100, Window: time.Minute, ResetAfter: 2 * time.Millisecond}}}, r)
+	// A full reply: the bound, the resets, then the further rates.
+	r, err = parseResult("h 0 10 4 3000 2000 1000 0 1 500 2000 100 60000 0 0", Config{})
+	require.NoError(t, err)
+	assert.Equal(t, Result{Limit: 100, Remaining: 4, RetryAfter: 3 * time.Millisecond, ResetAfter: 2 * time.Millisecond,
+		Window: time.Minute, Bound: 1, Quotas: []Quota{{Limit: 10, Window: time.Second, ResetAfter: 500 * time.Microsecond},
+			{Limit: 100, Window: time.Minute, ResetAfter: 2 * time.Millisecond}}}, r)
+	for _, reply := range []string{"d 0 4 3000 2000 2 500 2000", "d 0 4 3000 2000 -1 500 2000", "d 1 7 0 2000", "h 0 4 3000 2000 1 0",
+		"d 0 4 3000 2000 1", "d 0 4 3000 2000 1 500", "d 0 4 3000 2000 1 500 -1", "d 0 4 3000 2000 1 500 2000 7",
+		"h 0 10 4 3000 2000 1000 0 1 100 60000 0 0", "h 0 10 4 3000 2000 1000 0 1 500 -1 100 60000 0 0"} {
 		_, err = parseResult(reply, two)
 		assert.ErrorIs(t, err, ErrUnexpectedReply, "%s: a bound the default has, and one with several rates", reply)
 	}

@@ -9,6 +9,7 @@ package redlimit
 
 import (
 	"math/big"
+	"slices"
 	"sort"
 	"time"
 )
@@ -252,7 +253,8 @@ func quotaOf(r Config) Quota {
 // capacity is below permits; else denied, bound by the longest wait (the
 // first of equals), RetryAfter that wait; else granted in every rate, bound
 // by the fewest permits left (the first of equals). Remaining is the
-// fewest, ResetAfter the longest. Quotas only with several rates.
+// fewest, ResetAfter the longest of the rates' (each Quota's ResetAfter).
+// Quotas only with several rates.
 func (m *limiterModel) allow(now, permits int64) Result {
 	var r Result
 	bound := -1
@@ -281,19 +283,21 @@ func (m *limiterModel) allow(now, permits int64) Result {
 		}
 	}
 	fewest := 0
+	quotas := slices.Clone(m.quotas)
 	for k, rate := range m.rates {
 		remaining, reset := rate.state(now)
 		if k == 0 || remaining < r.Remaining {
 			r.Remaining, fewest = remaining, k
 		}
-		r.ResetAfter = max(r.ResetAfter, time.Duration(reset)*time.Microsecond)
+		quotas[k].ResetAfter = time.Duration(reset) * time.Microsecond
+		r.ResetAfter = max(r.ResetAfter, quotas[k].ResetAfter)
 	}
 	if r.Allowed {
 		bound = fewest
 	}
 	r.Limit, r.Window = m.quotas[bound].Limit, m.quotas[bound].Window
 	if len(m.quotas) > 1 {
-		r.Bound, r.Quotas = bound, m.quotas
+		r.Bound, r.Quotas = bound, quotas
 	}
 	return r
 }
@@ -410,4 +414,14 @@ func floorDiv(a, b int64) int64 {
 		q--
 	}
 	return q
+}
+
+// limitsAndWindows is quotas without their resets: what a config says of
+// its rates, for tests that check the config, not the state.
+func limitsAndWindows(quotas []Quota) []Quota {
+	out := make([]Quota, len(quotas))
+	for i, q := range quotas {
+		out[i] = Quota{Limit: q.Limit, Window: q.Window}
+	}
+	return out
 }

@@ -173,7 +173,7 @@ func TestReasons(t *testing.T) {
 		r, err := l.Allow(ctx, 1)
 		require.NoError(t, err)
 		assert.Equal(t, Result{Allowed: true, Limit: 3, Window: time.Minute, RetryAfter: 0, Remaining: 0, ResetAfter: time.Minute - time.Second,
-			Bound: 1, Quotas: []Quota{{2, time.Second}, {3, time.Minute}}, Reason: ReasonLimit}, r, "the minute's rate bound the third grant")
+			Bound: 1, Quotas: []Quota{{Limit: 2, Window: time.Second, ResetAfter: time.Second}, {Limit: 3, Window: time.Minute, ResetAfter: time.Minute - time.Second}}, Reason: ReasonLimit}, r, "the minute's rate bound the third grant")
 		r, err = l.Allow(ctx, 1)
 		require.NoError(t, err)
 		assert.Equal(t, ReasonLimit, r.Reason)

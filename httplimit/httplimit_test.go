@@ -463,9 +463,9 @@ func TestSeveralRates(t *testing.T) {
 			// The second has fewer left than the minute: it binds, and t is
 			// its reset, not the minute's 50s.
 			{at: 10 * time.Second, status: 200, fields: fields(both, `"default/1s";r=1;t=1`, "", "2", "1", 11)},
-			// 0.5s to the second's end, rounded up: t says no more than
-			// that the second is full again within its window.
-			{at: 10500 * time.Millisecond, status: 200, fields: fields(both, `"default/1s";r=0;t=1`, "", "2", "0", 12)},
+			// 0.5s to the second's end, rounded up to t=1; the legacy
+			// reset is that end, 11s.
+			{at: 10500 * time.Millisecond, status: 200, fields: fields(both, `"default/1s";r=0;t=1`, "", "2", "0", 11)},
 			// The second denies, for 0.4s; the minute would have granted.
 			{at: 10600 * time.Millisecond, status: 429, fields: fields(both, `"default/1s";r=0;t=1`, "1", "2", "0", 11)},
 			// A new second: the minute's last permit, so the minute binds.
@@ -492,6 +492,33 @@ func TestSeveralRates(t *testing.T) {
 			handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 			if got := fieldsOf(rec.Header()); rec.Code != step.status || !maps.Equal(got, step.fields) {
 				t.Errorf("step %d (+%v): %d %v\nwant %d %v", i, step.at, rec.Code, got, step.status, step.fields)
+			}
+		}
+	})
+}
+
+// TestBoundRateReset: with a minute's rate and an hour's, a grant the
+// minute binds has t until the minute's window resets (52s, 8s into it),
+// not the minute's whole window nor the hour's reset.
+func TestBoundRateReset(t *testing.T) {
+	redistest.EachBackend(t, redistest.Servers, func(t *testing.T, newRDB func() redis.UniversalClient) {
+		now := new(redistest.Clock)
+		client := redlimit.New(newRDB(), redlimit.WithClock(now.Now))
+		limiter := client.FixedWindow(uniqueName(t)).WithDefault(redlimit.PerMinute(10).And(redlimit.PerHour(100)))
+		handler := httplimit.New(func(string) *redlimit.Limiter { return limiter })(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		for _, step := range []struct {
+			at   time.Duration
+			want string
+		}{
+			{8 * time.Second, `"default/1m";r=9;t=52`},
+			{59500 * time.Millisecond, `"default/1m";r=8;t=1`},
+			{61 * time.Second, `"default/1m";r=9;t=59`},
+		} {
+			now.Set(redistest.WindowStart.Add(step.at))
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+			if got := rec.Header().Get("RateLimit"); rec.Code != 200 || got != step.want {
+				t.Errorf("+%v: %d %s, want 200 %s", step.at, rec.Code, got, step.want)
 			}
 		}
 	})

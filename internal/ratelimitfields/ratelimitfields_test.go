@@ -28,13 +28,15 @@ func TestFor(t *testing.T) {
 // TestForSeveralRates: RateLimit-Policy lists every rate, each named after
 // its window, and RateLimit reports the bound one.
 func TestForSeveralRates(t *testing.T) {
-	perSecondAndHour := []redlimit.Quota{{Limit: 10, Window: time.Second}, {Limit: 1000, Window: time.Hour}}
+	// Each rate's reset: the second's in 400ms, the hour's in 1800.5s.
+	perSecondAndHour := []redlimit.Quota{{Limit: 10, Window: time.Second, ResetAfter: 400 * time.Millisecond},
+		{Limit: 1000, Window: time.Hour, ResetAfter: 1800500 * time.Millisecond}}
 	const policy = `"api/1s";q=10;w=1, "api/1h";q=1000;w=3600`
 
 	// Allowed, the per-second rate has the fewest left. ResetAfter is the
-	// hour's; t is the bound rate's, which is full within its window.
-	granted := redlimit.Result{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: time.Hour, Window: time.Second, Quotas: perSecondAndHour}
-	assert.Equal(t, Fields{policy, `"api/1s";r=9;t=1`, time.Second}, For(`"api"`, granted))
+	// hour's; t is the bound rate's own reset, rounded up.
+	granted := redlimit.Result{Allowed: true, Limit: 10, Remaining: 9, ResetAfter: 1800500 * time.Millisecond, Window: time.Second, Quotas: perSecondAndHour}
+	assert.Equal(t, Fields{policy, `"api/1s";r=9;t=1`, 400 * time.Millisecond}, For(`"api"`, granted))
 
 	// Allowed, the hour has fewer left: it binds, and its reset stands.
 	hourly := redlimit.Result{Allowed: true, Limit: 1000, Remaining: 4, ResetAfter: 1800500 * time.Millisecond, Window: time.Hour, Bound: 1, Quotas: perSecondAndHour}

@@ -161,7 +161,7 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 	d.Retry, d.Reset, d.WindowMS, d.Shadow = n[PosRetry], n[PosReset], n[PosWindow], n[PosShadow] == 1
 	if fields > PosBound {
 		d.Bound = int(n[PosBound])
-		d.Resets = n[PosResets : PosResets+rates]
+		d.Resets = append([]int64(nil), n[PosResets:PosResets+rates]...) // a copy: n stays on the stack
 		if !micros(d.Resets) || slices.Min(d.Resets) < 0 {
 			return Decision{}, false
 		}

@@ -1805,10 +1805,11 @@ local function decide(name, op, k, a, na)
   elseif wrote then
     redis.call('ZREM', requests, id)
   end
-  local remaining, reset = nil, 0
+  local remaining, reset, resets = nil, 0, n > 1 and {} or nil
   for i, s in ipairs(list) do
     local m = step(alg, i)
     local r, t = m.report(s, now)
+    if resets then resets[i] = string.format('%d', t) end
     local limit = m.capacity(s)
     if r > limit then r = limit elseif r < 0 then r = 0 end
     if not remaining or r < remaining then
@@ -1922,13 +1923,16 @@ local function decide(name, op, k, a, na)
   if not is_stored and source ~= 'fixed' and not hash and not calendar then
     -- A default decided and no hash holds the state: the client knows every
     -- limit and window, and the short reply leaves them out.
-    return reply_default(allowed, remaining, retry, reset, n > 1 and bound or nil) .. tail
+    if resets then
+      return reply_default(allowed, remaining, retry, reset, bound) .. ' ' .. table.concat(resets, ' ') .. tail
+    end
+    return reply_default(allowed, remaining, retry, reset, nil) .. tail
   end
   -- The span the first rate's limit applies to: its interval (a calendar
   -- window's own length), or the time a funnel's burst takes to drain. With
-  -- several rates, the further ones follow as the hash's field more keeps
-  -- them (the client works out their limits and windows), or, for calendar
-  -- windows, as they are now.
+  -- several rates, each rate's reset follows the bound, then the further
+  -- rates as the hash's field more keeps them (the client works out their
+  -- limits and windows), or, for calendar windows, as they are now.
   local first = list[1]
   local limit = alg.capacity(first)
   local window = limit * (first.length or first.interval) / first.rate
@@ -1944,6 +1948,7 @@ local function decide(name, op, k, a, na)
       end
       more = table.concat(now_rates, ' ')
     end
+    more = table.concat(resets, ' ') .. ' ' .. more
   end
   return reply_full(hash and 'h' or 'f', allowed, limit, remaining, retry, reset, window,
     shadow, bound, more) .. tail
