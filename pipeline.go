@@ -115,12 +115,14 @@ type request struct {
 	grantAt, grantSize int64
 	id                 *requestID
 	calendarLearnt     bool
+	settling           // a settle's own arguments, and a reservation's timeout (reserve.go)
 }
 
 // The ops, boxed once: converting a string to an interface on every call
 // would allocate.
 var (
 	opAllow, opCharge, opReserve, opRelease any = string(wire.OpAllow), string(wire.OpCharge), string(wire.OpReserve), string(wire.OpRelease)
+	opSettle                                any = string(wire.OpSettle)
 
 	noArg any = ""
 )
@@ -145,7 +147,7 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	if cals := l.calendarsSent(); cals != nil {
 		calendar = cals.arg(c.clock())
 	}
-	reserve, release := req.op == opReserve, req.op == opRelease
+	reserve, release := req.op == opReserve, req.op == opRelease || req.op == opSettle
 	// A request id names the token bucket's record, the request log's
 	// entry, and a reservation; only requests that count need one.
 	counts := req.permits > 0 && (req.op == opAllow || req.op == opCharge)
@@ -166,8 +168,12 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	whole := c.retryWindow > 0 || reserve || release || l.family.perClient.Load()
 	n := wire.ArgConfig
 	switch {
+	case req.op == opSettle:
+		n = wire.ArgMaxDebt
 	case release:
 		n = wire.ArgGrantSize
+	case reserve && req.timeoutMS > 0:
+		n = wire.ArgTimeout
 	case reserve:
 		n = wire.ArgLeast
 	case whole:
@@ -182,10 +188,13 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 		keys = keys[:l.alg.Registry()-1]
 	}
 	pooled := argsPool.Get().(*[]any)
-	args := (*pooled)[:wire.ArgGrantSize]
+	args := (*pooled)[:wire.ArgLast]
 	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendar
 	args[wire.ArgID-1], args[wire.ArgLogWindow-1], args[wire.ArgClientID-1] = id, logWindow, l.clientID
 	args[wire.ArgLeast-1], args[wire.ArgGrantAt-1], args[wire.ArgGrantSize-1] = req.least, req.grantAt, req.grantSize
+	if reserve || release {
+		req.settling.args(args)
+	}
 	// The common decision alone runs the lean script of its algorithm (a
 	// fraction of the decision script's cost), unless the limiter has been
 	// found to need more.
@@ -226,7 +235,7 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	}
 	if release {
 		back, ok := reply.(int64)
-		if !ok || back < 0 || back > req.permits {
+		if !ok || back < 0 && (req.op != opSettle || back != wire.SettledBefore) || back > req.permits {
 			return Result{}, wire.Decision{}, unexpected(reply)
 		}
 		return Result{Remaining: back}, wire.Decision{}, nil
@@ -288,7 +297,7 @@ func (l *Limiter) calendarsSent() *calendarSet {
 
 // argsPool recycles ask's argument slices: the transport copies the
 // arguments into its call, so a slice is free again once Decide returns.
-var argsPool = sync.Pool{New: func() any { s := make([]any, 0, wire.ArgGrantSize); return &s }}
+var argsPool = sync.Pool{New: func() any { s := make([]any, 0, wire.ArgLast); return &s }}
 
 // admin runs an op of the admin script on the limiter: its whole key list,
 // then the state keys of the other clients named.

@@ -61,6 +61,7 @@ func Constants() []Constant {
 	str("E_CLOCK", KindClock)
 	str("E_PERMITS", KindPermits)
 	str("E_CORRUPT", KindCorrupt)
+	cs = append(cs, settleConstants()...) // settle.go
 	return cs
 }
 

@@ -12,7 +12,8 @@
 -- REPLY_PERCLIENT = 'perclient' REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin'
 -- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
 -- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
--- E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
+-- E_PERMITS = 'permits' E_CORRUPT = 'corrupt' OP_SETTLE = 'settle' SETTLED_BEFORE = -1
+-- A_TIMEOUT = 11 A_NEXT = 12 A_MAX_DEBT = 13
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
