@@ -547,3 +547,20 @@ func TestSettlePerClient(t *testing.T) {
 		assert.Empty(t, limiterKeys(t, rdb, name), "the registry reached every key")
 	})
 }
+
+// A request logged for less time (WithRetryWindow's second) leaves a
+// reservation's longer time to settle in the log: the log's expiry is
+// never lowered.
+func TestSettleWithinKeepsTheLog(t *testing.T) {
+	eachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		l := newClient(rdb, newClock(), WithRetryWindow(time.Second)).FixedWindow(uniqueName(t)).WithDefault(tenPer10s)
+		reserve(t, l, 1, SettleWithin(10*time.Minute))
+		ok, err := l.TryAcquire(ctx, 1)
+		require.NoError(t, err)
+		require.True(t, ok)
+		ttl, err := rdb.PTTL(ctx, l.keys[l.alg.Requests()-1]).Result()
+		require.NoError(t, err)
+		assert.Greater(t, ttl, 9*time.Minute)
+	})
+}
