@@ -176,13 +176,13 @@ func (c *Client) decideAll(ctx context.Context, wants []Want, results []Result) 
 		}
 	}
 	for range maxAllAttempts {
-		buf := make([]any, len(wants)*wire.ArgGrantSize)
-		args := make([]any, 2, 2+len(wants)*(wire.RequestHead+wire.ArgGrantSize))
+		buf := make([]any, len(wants)*wire.ArgLast)
+		args := make([]any, 2, 2+len(wants)*(wire.RequestHead+wire.ArgLast))
 		args[0], args[1] = wire.FrameAll, string(flags)
 		var keys []any
 		for i, w := range wants {
 			l := w.Limiter
-			f := l.frame(reqs[i], buf[i*wire.ArgGrantSize:(i+1)*wire.ArgGrantSize])
+			f := l.frame(reqs[i], buf[i*wire.ArgLast:(i+1)*wire.ArgLast])
 			frames[i] = f
 			args = append(append(args, l.algArg, opAllow, len(f.keys), len(f.args)), f.args...)
 			keys = append(keys, f.keys...)

@@ -125,12 +125,14 @@ type request struct {
 	grantAt, grantSize int64
 	id                 *requestID
 	calendarLearnt     bool
+	settling           // a settle's own arguments, and a reservation's timeout (reserve.go)
 }
 
 // The ops, boxed once: converting a string to an interface on every call
 // would allocate.
 var (
 	opAllow, opCharge, opReserve, opRelease any = string(wire.OpAllow), string(wire.OpCharge), string(wire.OpReserve), string(wire.OpRelease)
+	opSettle                                any = string(wire.OpSettle)
 
 	noArg any = ""
 )
@@ -148,7 +150,7 @@ func (l *Limiter) ask(ctx context.Context, req request) (Result, wire.Decision, 
 	}
 	for {
 		pooled := argsPool.Get().(*[]any)
-		f := l.frame(req, (*pooled)[:wire.ArgGrantSize])
+		f := l.frame(req, (*pooled)[:wire.ArgLast])
 		reply, err := l.client.transport.Decide(ctx, evalsha.Request{Algorithm: l.algArg, Op: req.op, Keys: f.keys, Args: f.args, Lean: f.lean})
 		clear(f.args)
 		*pooled = f.args[:0]
@@ -171,7 +173,7 @@ type framed struct {
 	whole      bool // sent the whole key list
 }
 
-// frame lays out req's keys and arguments (into args, ArgGrantSize long),
+// frame lays out req's keys and arguments (into args, ArgLast long),
 // in the positions internal/wire declares.
 func (l *Limiter) frame(req request, args []any) framed {
 	c := l.client
@@ -183,7 +185,7 @@ func (l *Limiter) frame(req request, args []any) framed {
 	if cals := l.calendarsSent(); cals != nil {
 		calendar = cals.arg(c.clock())
 	}
-	reserve, release := req.op == opReserve, req.op == opRelease
+	reserve, release := req.op == opReserve, req.op == opRelease || req.op == opSettle
 	// A request id names the token bucket's record, the request log's
 	// entry, and a reservation; only requests that count need one.
 	counts := req.permits > 0 && (req.op == opAllow || req.op == opCharge)
@@ -204,8 +206,12 @@ func (l *Limiter) frame(req request, args []any) framed {
 	whole := c.retryWindow > 0 || reserve || release || l.family.perClient.Load()
 	n := wire.ArgConfig
 	switch {
+	case req.op == opSettle:
+		n = wire.ArgMaxDebt
 	case release:
 		n = wire.ArgGrantSize
+	case reserve && req.timeoutMS > 0:
+		n = wire.ArgTimeout
 	case reserve:
 		n = wire.ArgLeast
 	case whole:
@@ -222,6 +228,9 @@ func (l *Limiter) frame(req request, args []any) framed {
 	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendar
 	args[wire.ArgID-1], args[wire.ArgLogWindow-1], args[wire.ArgClientID-1] = id, logWindow, l.clientID
 	args[wire.ArgLeast-1], args[wire.ArgGrantAt-1], args[wire.ArgGrantSize-1] = req.least, req.grantAt, req.grantSize
+	if reserve || release {
+		req.settling.args(args)
+	}
 	// The common decision alone runs the lean script of its algorithm (a
 	// fraction of the decision script's cost), unless the limiter has been
 	// found to need more.
@@ -260,9 +269,9 @@ func (l *Limiter) answer(ctx context.Context, req *request, f framed, reply any)
 		}
 		return Result{}, wire.Decision{}, false, unexpected(reply)
 	}
-	if req.op == opRelease {
+	if req.op == opRelease || req.op == opSettle {
 		back, ok := reply.(int64)
-		if !ok || back < 0 || back > req.permits {
+		if !ok || back < 0 && (req.op != opSettle || back != wire.SettledBefore) || back > req.permits {
 			return Result{}, wire.Decision{}, false, unexpected(reply)
 		}
 		return Result{Remaining: back}, wire.Decision{}, false, nil
@@ -324,7 +333,7 @@ func (l *Limiter) calendarsSent() *calendarSet {
 
 // argsPool recycles ask's argument slices: the transport copies the
 // arguments into its call, so a slice is free again once Decide returns.
-var argsPool = sync.Pool{New: func() any { s := make([]any, 0, wire.ArgGrantSize); return &s }}
+var argsPool = sync.Pool{New: func() any { s := make([]any, 0, wire.ArgLast); return &s }}
 
 // admin runs an op of the admin script on the limiter: its whole key list,
 // then the state keys of the other clients named.

@@ -131,9 +131,9 @@ func TestTokenBucketCommandsPerDecision(t *testing.T) {
 		{"peek", 65900 * time.Millisecond, l, 0, map[string]int{"get": 2, "zrangebyscore": 1, "zrange": 1}},
 		// A reservation joining its slice's record: a grant, and its id in
 		// the request log (ZSCORE: not there yet; ZADD, ZREMRANGEBYSCORE,
-		// PEXPIRE).
+		// PTTL, PEXPIRE: the log's expiry is never lowered).
 		{"reservation joining its slice's record", 65950 * time.Millisecond, l, 1,
-			map[string]int{"get": 2, "zrangebyscore": 1, "zrevrangebyscore": 1, "zadd": 2, "zrem": 1, "set": 2, "pexpire": 2, "zscore": 1, "zremrangebyscore": 1}},
+			map[string]int{"get": 2, "zrangebyscore": 1, "zrevrangebyscore": 1, "zadd": 2, "zrem": 1, "set": 2, "pexpire": 2, "zscore": 1, "zremrangebyscore": 1, "pttl": 1}},
 		// 1 permit off its record of 2: the record is written again, the
 		// value cached, the id leaves the log.
 		{"release", 65950 * time.Millisecond, l, -1,

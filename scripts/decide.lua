@@ -235,7 +235,25 @@ end
 local function log_request(key, id, now_ms, window)
   redis.call('ZADD', key, 'NX', string.format('%d', now_ms + window), id)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_ms))
-  redis.call('PEXPIRE', key, window)
+  -- Never sooner than an entry logged for longer (a reservation's).
+  if redis.call('PTTL', key) < window + 0 then
+    redis.call('PEXPIRE', key, window)
+  end
+end
+
+-- entry is the score of id's entry in the request log (when it expires,
+-- ms), or nil when there is none or it has expired on the request's clock
+-- (the log drops expired entries only as later requests come).
+local function entry(key, id, now_ms)
+  local score = redis.pcall('ZSCORE', key, id)
+  if type(score) == 'table' and score.err then
+    corrupt(key, score.err)
+  end
+  score = tonumber(score or '')
+  if score and score > now_ms then
+    return score
+  end
+  return nil
 end
 
 -- weigh decides n permits on every rate of list: a request is granted only
@@ -448,18 +466,43 @@ local function decide(name, op, k, a, na)
     least = tonumber(arg(a, na, A_LEAST))
   end
   local allowed, retry, bound, back, counted, resent, wrote = 0, 0, 0, 0, false, false, false
+  local settled = nil -- a settle's entry in the request log, its score
   if op == OP_RELEASE then
     -- A reservation's release names its id, which the reservation left in
-    -- the request log: it gives back once, and nothing after whatever
-    -- forgot the log (Reset, Delete, new rates: the state its grant was
-    -- counted in is gone, or counts otherwise).
-    if requests and logged(requests, id) then
+    -- the request log: it gives back once, and nothing once the entry has
+    -- expired or after whatever forgot the log (Reset, Delete, new rates:
+    -- the state its grant was counted in is gone, or counts otherwise).
+    if requests and entry(requests, id, now_ms) then
       local at, size, given_back = tonumber(arg(a, na, A_GRANT_AT)), tonumber(arg(a, na, A_GRANT_SIZE)), nil
       for i, s in ipairs(list) do
         local b = step(alg, i).release(s, permits, at, size, now)
         if not given_back or b < given_back then given_back = b end
       end
       back, wrote = given_back or 0, true
+    end
+  elseif op == OP_SETTLE then
+    -- A reservation's cost past what it holds (internal/wire's OpSettle):
+    -- counted once, while its entry lasts, as far as every rate's room
+    -- (its cap) allows.
+    settled = requests and entry(requests, id, now_ms)
+    if not settled and requests and logged(requests, arg(a, na, A_NEXT)) then
+      back = SETTLED_BEFORE -- sent again: its first run moved the entry on
+    elseif settled then
+      local at, size = tonumber(arg(a, na, A_GRANT_AT)), tonumber(arg(a, na, A_GRANT_SIZE))
+      local cap, n = tonumber(arg(a, na, A_MAX_DEBT) or ''), permits
+      for i, s in ipairs(list) do
+        local room = step(alg, i).room(s, cap, now)
+        if room and room < n then n = room end
+      end
+      if n > 0 then
+        for i, s in ipairs(list) do
+          local ok, why = step(alg, i).extend(s, n, at, size, now, arg(a, na, A_NEXT))
+          if not ok then
+            fail(E_PERMITS .. ' ' .. string.format('%d', n) .. ': ' .. (why or 'a debt past what the state holds exactly'))
+          end
+        end
+        back, wrote = n, true
+      end
     end
   else
     allowed, retry, bound = weigh(alg, list, permits, charge, now)
@@ -506,7 +549,7 @@ local function decide(name, op, k, a, na)
     life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
   end
   life = life + (-life) % 1
-  if kind == 1 and (counted or list[1].grant and not list[1].resent) then
+  if kind == 1 and (counted or list[1].grant and not list[1].resent or settled and wrote) then
     -- The registry lets Delete, Reset and Expire reach every client's keys.
     -- It lives as long as any client's state can. It is written first, as
     -- the one key a grant writes that no read has checked: of another type,
@@ -527,7 +570,8 @@ local function decide(name, op, k, a, na)
       redis.call('SET', key1, name, 'PX', string.format('%d', life_ms))
     end
   end
-  if not in_config and (wrote or op ~= OP_RELEASE and op ~= OP_CHECK and permits > 0) then
+  local adjusts = op == OP_RELEASE or op == OP_SETTLE -- a reservation's release or settle
+  if not in_config and (wrote or not adjusts and op ~= OP_CHECK and permits > 0) then
     -- The token bucket writes its own state: a grant, a release, or a cache
     -- a request for permits found wrong (a peek writes nothing).
     counted = alg.write(list[1], now, config_key) and counted
@@ -537,7 +581,17 @@ local function decide(name, op, k, a, na)
   end
   if LOG and counted then
     -- A reservation's id stays while its grant may be released.
-    log_request(requests, id, now_ms, op == OP_RESERVE and math.max(log_window + 0, life) or log_window)
+    -- (Or for its time to settle, when it has one.)
+    local window = log_window
+    if op == OP_RESERVE then
+      window = tonumber(arg(a, na, A_TIMEOUT) or '') or math.max(log_window + 0, life)
+    end
+    log_request(requests, id, now_ms, window)
+  elseif settled then
+    -- A settle's entry moves on, keeping its expiry (a closed
+    -- reservation's lasts as an unsettled one's would).
+    redis.call('ZREM', requests, id)
+    redis.call('ZADD', requests, string.format('%d', settled), arg(a, na, A_NEXT))
   elseif wrote then
     redis.call('ZREM', requests, id)
   end
@@ -628,7 +682,7 @@ local function decide(name, op, k, a, na)
       redis.call('DEL', key1)
     end
   end
-  if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= OP_RELEASE and op ~= OP_CHECK then
+  if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= OP_CHECK and (not adjusts or settled and wrote) then
     -- Every acquire keeps the config alive, granted or denied: a saturated
     -- limiter is busy, not idle. State in the config hash keeps it alive as
     -- long as the state counts (a funnel whose burst drains slower).
@@ -640,7 +694,7 @@ local function decide(name, op, k, a, na)
   end
 
   -- Reply.
-  if op == OP_RELEASE then
+  if adjusts then
     return back
   end
   if resent then allowed, retry = 1, 0 end

@@ -107,4 +107,17 @@ function window.release(s, permits, at)
   return back
 end
 
+-- room: a window holds no debt (it would forgive it at its end), so a
+-- settle counts no more than its rate leaves, whatever cap it was given.
+function window.room(s)
+  return s.rate - s.count
+end
+
+-- extend counts a reservation's cost past its grant in the grant's window
+-- while it lasts, else in now's: the work's cost is owed to the window it
+-- is known in, never forgiven. Either is the window load found.
+function window.extend(s, permits)
+  return window.commit(s, permits)
+end
+
 return window

@@ -182,4 +182,33 @@ function funnel.release(s, permits, at, size, now)
   return back
 end
 
+-- room is what a settle may count and leave at most debt permits owed:
+-- debt + floor((now + tolerance − TAT) / emission), the floor negative
+-- while the funnel is owed; nil without a cap.
+function funnel.room(s, debt, now)
+  if not debt then
+    return nil
+  end
+  local rate, pe, pr = s.rate, s.pe, s.pr
+  local w, f = s.tolerance - (s.tat - now), s.tf - s.tatf
+  if f < 0 then w, f = w - 1, f + rate end
+  if w >= 0 then
+    return debt + count(w, f, pe, pr, rate)
+  end
+  -- Owed: −(w + f / rate) µs, in emission intervals rounded up.
+  if f > 0 then w, f = w + 1, rate - f else w, f = w, 0 end
+  local k = count(-w, f, pe, pr, rate)
+  local kw, kf = times(k, pe, pr, rate)
+  if kw ~= -w or kf ~= f then k = k + 1 end
+  return debt - k
+end
+
+-- extend counts a reservation's cost past its grant: the grant's place in
+-- the funnel while it has not drained (what follows it moves back), else
+-- from now, as a grant made now; both are the TAT's move by permits
+-- emission intervals. It refuses (false) a debt past what the state holds.
+function funnel.extend(s, permits, _, _, now)
+  return funnel.commit(s, permits, now)
+end
+
 return funnel

@@ -172,4 +172,33 @@ function sliding.release(s, permits, at)
   return back
 end
 
+-- room is what a settle may count and leave at most debt permits over the
+-- rate; nil without a cap.
+function sliding.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.rate - s.total + debt
+end
+
+-- extend counts a reservation's cost past its grant in the grant's own
+-- sub-window while it still counts (the cost leaves with the grant), else
+-- in now's, as a grant made now. It refuses (false) a count doubles do
+-- not hold exactly.
+function sliding.extend(s, permits, at)
+  if s.total + permits >= MAX then
+    return false
+  end
+  local live = s.live
+  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
+  of = of - of % 1
+  for i = #live - 2, 1, -3 do
+    if live[i] == of then
+      live[i + 1], s.total = live[i + 1] + permits, s.total + permits
+      return true
+    end
+  end
+  return sliding.commit(s, permits)
+end
+
 return sliding

@@ -266,23 +266,66 @@ function bucket.commit(s, permits, _, id)
   return true
 end
 
--- release gives back up to permits of a grant made at at µs of size permits:
--- from the record of its slice only, while that is in the window, and never
--- more than that record holds or the grant took. The record keeps its time
--- and id; the value gains what it loses.
-function bucket.release(s, permits, at, size)
+-- own finds the record of a grant made at at µs: its slice's, while that
+-- is in the window. It returns the record, its score and its permits, or
+-- nil.
+local function own(s, at)
   local log, q = s.keys[2], slice_of(s.interval)
   local at_ms = (at - at % 1000) / 1000
   local start = at_ms - at_ms % q
   local found = redis.call('ZREVRANGEBYSCORE', log, string.format('%d', start + q - 1), string.format('%d', start), 'WITHSCORES', 'LIMIT', 0, 1)
   if not found[1] or found[2] + 0 <= s.now_ms - s.interval then
+    return nil
+  end
+  return found[1], found[2], count(log, found[1])
+end
+
+-- release gives back up to permits of a grant made at at µs of size permits:
+-- from the record of its slice only, while that is in the window, and never
+-- more than that record holds or the grant took. The record keeps its time
+-- and id; the value gains what it loses.
+function bucket.release(s, permits, at, size)
+  local member, score, n = own(s, at)
+  if not member then
     return 0
   end
-  local n = count(log, found[1])
   local back = math.min(permits, size, n)
-  s.give = { found[1], found[2], n - back }
+  s.give = { member, score, n - back }
   s.available = s.available + back
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits owed; nil
+-- without a cap.
+function bucket.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.available + debt
+end
+
+-- extend counts a reservation's cost past its grant (of id's making):
+-- in the grant's record while that is in the window (the cost ages out
+-- with the grant), else as a grant made now would be, in now's slice's
+-- record (whose time moves to now) or a record of its own, named id. A
+-- record that would pass its 4 bytes is not joined. write makes the plan.
+function bucket.extend(s, permits, at, _, _, id)
+  if s.available - permits <= -MAX then
+    return false, 'a debt past what the value key holds exactly'
+  end
+  local member, score, n = own(s, at)
+  if not member or n + permits > 4294967295 then
+    local start
+    member, score, start = slice(s.keys[2], s.now_ms, s.interval)
+    n = member and count(s.keys[2], member)
+    if not member or score < start or n + permits > 4294967295 then
+      member, n = nil, 0
+    end
+    if not score or score < s.now_ms then score = s.now_ms end
+  end
+  s.give = { member, score, n + permits, '\16' .. id }
+  s.available = s.available - permits
+  return true
 end
 
 -- write makes what commit or release planned, or rewrites a cache load or
@@ -308,10 +351,14 @@ function bucket.write(s, now, config)
     end
     dirty = counted or s.changed or s.aged > 0
   elseif s.give then
+    -- A release's or a settle's change to one record (extend's: maybe a
+    -- new one, of head s.give[4]).
     local member, score, left = s.give[1], s.give[2], s.give[3]
-    redis.call('ZREM', log, member)
+    if member then
+      redis.call('ZREM', log, member)
+    end
     if left > 0 then
-      redis.call('ZADD', log, score, record(left, string.sub(member, 1, #member - 4)))
+      redis.call('ZADD', log, score, record(left, member and string.sub(member, 1, #member - 4) or s.give[4]))
     end
     dirty = true
   end
@@ -451,6 +498,34 @@ function further.release(s, permits, at, size)
   local back = math.min(permits, size, n)
   s.give, s.used, s.total = { found[2], back }, s.used - back, s.total - back
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits over the
+-- rate; nil without a cap.
+function further.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.rate - s.used + debt
+end
+
+-- extend counts a reservation's cost past its grant: in the record of its
+-- slice while that is in the window (write adds it to that record's total
+-- and every later one's), else as a grant made now (commit).
+function further.extend(s, permits, at)
+  if s.total + permits >= MAX then
+    return false, 'a total past what doubles hold exactly'
+  end
+  local grants, q, base = s.keys[3], slice_of(s.interval), s.base
+  local at_ms = (at - at % 1000) / 1000
+  local start = at_ms - at_ms % q
+  local found = redis.call('ZREVRANGEBYSCORE', grants, string.format('%d', base + start + q - 1),
+    string.format('%d', base + start), 'WITHSCORES', 'LIMIT', 0, 1)
+  if not found[1] or found[2] - base <= s.now_ms - s.interval then
+    return further.commit(s, permits)
+  end
+  s.give, s.used, s.total = { found[2], -permits }, s.used + permits, s.total + permits
+  return true
 end
 
 -- write: a new record first drops the rate's records out of its window:

@@ -61,7 +61,9 @@ func Constants() []Constant {
 	str("E_CLOCK", KindClock)
 	str("E_PERMITS", KindPermits)
 	str("E_CORRUPT", KindCorrupt)
-	return append(cs, allConstants()...)
+	cs = append(cs, allConstants()...)    // all.go
+	cs = append(cs, settleConstants()...) // settle.go
+	return cs
 }
 
 // LuaHeader begins the decision and admin scripts: the constants' names

@@ -13,7 +13,8 @@
 -- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
 -- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
 -- E_PERMITS = 'permits' E_CORRUPT = 'corrupt' FRAME_ALL = 'all' OP_CHECK = 'check'
--- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6
+-- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6 OP_SETTLE = 'settle' SETTLED_BEFORE = -1 A_TIMEOUT = 11
+-- A_NEXT = 12 A_MAX_DEBT = 13
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
@@ -329,23 +330,66 @@ function bucket.commit(s, permits, _, id)
   return true
 end
 
--- release gives back up to permits of a grant made at at µs of size permits:
--- from the record of its slice only, while that is in the window, and never
--- more than that record holds or the grant took. The record keeps its time
--- and id; the value gains what it loses.
-function bucket.release(s, permits, at, size)
+-- own finds the record of a grant made at at µs: its slice's, while that
+-- is in the window. It returns the record, its score and its permits, or
+-- nil.
+local function own(s, at)
   local log, q = s.keys[2], slice_of(s.interval)
   local at_ms = (at - at % 1000) / 1000
   local start = at_ms - at_ms % q
   local found = redis.call('ZREVRANGEBYSCORE', log, string.format('%d', start + q - 1), string.format('%d', start), 'WITHSCORES', 'LIMIT', 0, 1)
   if not found[1] or found[2] + 0 <= s.now_ms - s.interval then
+    return nil
+  end
+  return found[1], found[2], count(log, found[1])
+end
+
+-- release gives back up to permits of a grant made at at µs of size permits:
+-- from the record of its slice only, while that is in the window, and never
+-- more than that record holds or the grant took. The record keeps its time
+-- and id; the value gains what it loses.
+function bucket.release(s, permits, at, size)
+  local member, score, n = own(s, at)
+  if not member then
     return 0
   end
-  local n = count(log, found[1])
   local back = math.min(permits, size, n)
-  s.give = { found[1], found[2], n - back }
+  s.give = { member, score, n - back }
   s.available = s.available + back
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits owed; nil
+-- without a cap.
+function bucket.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.available + debt
+end
+
+-- extend counts a reservation's cost past its grant (of id's making):
+-- in the grant's record while that is in the window (the cost ages out
+-- with the grant), else as a grant made now would be, in now's slice's
+-- record (whose time moves to now) or a record of its own, named id. A
+-- record that would pass its 4 bytes is not joined. write makes the plan.
+function bucket.extend(s, permits, at, _, _, id)
+  if s.available - permits <= -MAX then
+    return false, 'a debt past what the value key holds exactly'
+  end
+  local member, score, n = own(s, at)
+  if not member or n + permits > 4294967295 then
+    local start
+    member, score, start = slice(s.keys[2], s.now_ms, s.interval)
+    n = member and count(s.keys[2], member)
+    if not member or score < start or n + permits > 4294967295 then
+      member, n = nil, 0
+    end
+    if not score or score < s.now_ms then score = s.now_ms end
+  end
+  s.give = { member, score, n + permits, '\16' .. id }
+  s.available = s.available - permits
+  return true
 end
 
 -- write makes what commit or release planned, or rewrites a cache load or
@@ -371,10 +415,14 @@ function bucket.write(s, now, config)
     end
     dirty = counted or s.changed or s.aged > 0
   elseif s.give then
+    -- A release's or a settle's change to one record (extend's: maybe a
+    -- new one, of head s.give[4]).
     local member, score, left = s.give[1], s.give[2], s.give[3]
-    redis.call('ZREM', log, member)
+    if member then
+      redis.call('ZREM', log, member)
+    end
     if left > 0 then
-      redis.call('ZADD', log, score, record(left, string.sub(member, 1, #member - 4)))
+      redis.call('ZADD', log, score, record(left, member and string.sub(member, 1, #member - 4) or s.give[4]))
     end
     dirty = true
   end
@@ -514,6 +562,34 @@ function further.release(s, permits, at, size)
   local back = math.min(permits, size, n)
   s.give, s.used, s.total = { found[2], back }, s.used - back, s.total - back
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits over the
+-- rate; nil without a cap.
+function further.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.rate - s.used + debt
+end
+
+-- extend counts a reservation's cost past its grant: in the record of its
+-- slice while that is in the window (write adds it to that record's total
+-- and every later one's), else as a grant made now (commit).
+function further.extend(s, permits, at)
+  if s.total + permits >= MAX then
+    return false, 'a total past what doubles hold exactly'
+  end
+  local grants, q, base = s.keys[3], slice_of(s.interval), s.base
+  local at_ms = (at - at % 1000) / 1000
+  local start = at_ms - at_ms % q
+  local found = redis.call('ZREVRANGEBYSCORE', grants, string.format('%d', base + start + q - 1),
+    string.format('%d', base + start), 'WITHSCORES', 'LIMIT', 0, 1)
+  if not found[1] or found[2] - base <= s.now_ms - s.interval then
+    return further.commit(s, permits)
+  end
+  s.give, s.used, s.total = { found[2], -permits }, s.used + permits, s.total + permits
+  return true
 end
 
 -- write: a new record first drops the rate's records out of its window:
@@ -756,6 +832,35 @@ function funnel.release(s, permits, at, size, now)
   return back
 end
 
+-- room is what a settle may count and leave at most debt permits owed:
+-- debt + floor((now + tolerance − TAT) / emission), the floor negative
+-- while the funnel is owed; nil without a cap.
+function funnel.room(s, debt, now)
+  if not debt then
+    return nil
+  end
+  local rate, pe, pr = s.rate, s.pe, s.pr
+  local w, f = s.tolerance - (s.tat - now), s.tf - s.tatf
+  if f < 0 then w, f = w - 1, f + rate end
+  if w >= 0 then
+    return debt + count(w, f, pe, pr, rate)
+  end
+  -- Owed: −(w + f / rate) µs, in emission intervals rounded up.
+  if f > 0 then w, f = w + 1, rate - f else w, f = w, 0 end
+  local k = count(-w, f, pe, pr, rate)
+  local kw, kf = times(k, pe, pr, rate)
+  if kw ~= -w or kf ~= f then k = k + 1 end
+  return debt - k
+end
+
+-- extend counts a reservation's cost past its grant: the grant's place in
+-- the funnel while it has not drained (what follows it moves back), else
+-- from now, as a grant made now; both are the TAT's move by permits
+-- emission intervals. It refuses (false) a debt past what the state holds.
+function funnel.extend(s, permits, _, _, now)
+  return funnel.commit(s, permits, now)
+end
+
 return funnel
 end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'funnel', true, false, false, 'burst'
@@ -872,6 +977,19 @@ function window.release(s, permits, at)
   local back = math.min(permits, s.count)
   s.count = s.count - back
   return back
+end
+
+-- room: a window holds no debt (it would forgive it at its end), so a
+-- settle counts no more than its rate leaves, whatever cap it was given.
+function window.room(s)
+  return s.rate - s.count
+end
+
+-- extend counts a reservation's cost past its grant in the grant's window
+-- while it lasts, else in now's: the work's cost is owed to the window it
+-- is known in, never forgiven. Either is the window load found.
+function window.extend(s, permits)
+  return window.commit(s, permits)
 end
 
 return window
@@ -1055,6 +1173,35 @@ function sliding.release(s, permits, at)
   end
   s.total, s.moved = s.total - back, true
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits over the
+-- rate; nil without a cap.
+function sliding.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.rate - s.total + debt
+end
+
+-- extend counts a reservation's cost past its grant in the grant's own
+-- sub-window while it still counts (the cost leaves with the grant), else
+-- in now's, as a grant made now. It refuses (false) a count doubles do
+-- not hold exactly.
+function sliding.extend(s, permits, at)
+  if s.total + permits >= MAX then
+    return false
+  end
+  local live = s.live
+  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
+  of = of - of % 1
+  for i = #live - 2, 1, -3 do
+    if live[i] == of then
+      live[i + 1], s.total = live[i + 1] + permits, s.total + permits
+      return true
+    end
+  end
+  return sliding.commit(s, permits)
 end
 
 return sliding

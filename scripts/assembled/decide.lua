@@ -13,7 +13,8 @@
 -- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
 -- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
 -- E_PERMITS = 'permits' E_CORRUPT = 'corrupt' FRAME_ALL = 'all' OP_CHECK = 'check'
--- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6
+-- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6 OP_SETTLE = 'settle' SETTLED_BEFORE = -1 A_TIMEOUT = 11
+-- A_NEXT = 12 A_MAX_DEBT = 13
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
@@ -359,23 +360,66 @@ function bucket.commit(s, permits, _, id)
   return true
 end
 
--- release gives back up to permits of a grant made at at µs of size permits:
--- from the record of its slice only, while that is in the window, and never
--- more than that record holds or the grant took. The record keeps its time
--- and id; the value gains what it loses.
-function bucket.release(s, permits, at, size)
+-- own finds the record of a grant made at at µs: its slice's, while that
+-- is in the window. It returns the record, its score and its permits, or
+-- nil.
+local function own(s, at)
   local log, q = s.keys[2], slice_of(s.interval)
   local at_ms = (at - at % 1000) / 1000
   local start = at_ms - at_ms % q
   local found = redis.call('ZREVRANGEBYSCORE', log, string.format('%d', start + q - 1), string.format('%d', start), 'WITHSCORES', 'LIMIT', 0, 1)
   if not found[1] or found[2] + 0 <= s.now_ms - s.interval then
+    return nil
+  end
+  return found[1], found[2], count(log, found[1])
+end
+
+-- release gives back up to permits of a grant made at at µs of size permits:
+-- from the record of its slice only, while that is in the window, and never
+-- more than that record holds or the grant took. The record keeps its time
+-- and id; the value gains what it loses.
+function bucket.release(s, permits, at, size)
+  local member, score, n = own(s, at)
+  if not member then
     return 0
   end
-  local n = count(log, found[1])
   local back = math.min(permits, size, n)
-  s.give = { found[1], found[2], n - back }
+  s.give = { member, score, n - back }
   s.available = s.available + back
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits owed; nil
+-- without a cap.
+function bucket.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.available + debt
+end
+
+-- extend counts a reservation's cost past its grant (of id's making):
+-- in the grant's record while that is in the window (the cost ages out
+-- with the grant), else as a grant made now would be, in now's slice's
+-- record (whose time moves to now) or a record of its own, named id. A
+-- record that would pass its 4 bytes is not joined. write makes the plan.
+function bucket.extend(s, permits, at, _, _, id)
+  if s.available - permits <= -MAX then
+    return false, 'a debt past what the value key holds exactly'
+  end
+  local member, score, n = own(s, at)
+  if not member or n + permits > 4294967295 then
+    local start
+    member, score, start = slice(s.keys[2], s.now_ms, s.interval)
+    n = member and count(s.keys[2], member)
+    if not member or score < start or n + permits > 4294967295 then
+      member, n = nil, 0
+    end
+    if not score or score < s.now_ms then score = s.now_ms end
+  end
+  s.give = { member, score, n + permits, '\16' .. id }
+  s.available = s.available - permits
+  return true
 end
 
 -- write makes what commit or release planned, or rewrites a cache load or
@@ -401,10 +445,14 @@ function bucket.write(s, now, config)
     end
     dirty = counted or s.changed or s.aged > 0
   elseif s.give then
+    -- A release's or a settle's change to one record (extend's: maybe a
+    -- new one, of head s.give[4]).
     local member, score, left = s.give[1], s.give[2], s.give[3]
-    redis.call('ZREM', log, member)
+    if member then
+      redis.call('ZREM', log, member)
+    end
     if left > 0 then
-      redis.call('ZADD', log, score, record(left, string.sub(member, 1, #member - 4)))
+      redis.call('ZADD', log, score, record(left, member and string.sub(member, 1, #member - 4) or s.give[4]))
     end
     dirty = true
   end
@@ -544,6 +592,34 @@ function further.release(s, permits, at, size)
   local back = math.min(permits, size, n)
   s.give, s.used, s.total = { found[2], back }, s.used - back, s.total - back
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits over the
+-- rate; nil without a cap.
+function further.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.rate - s.used + debt
+end
+
+-- extend counts a reservation's cost past its grant: in the record of its
+-- slice while that is in the window (write adds it to that record's total
+-- and every later one's), else as a grant made now (commit).
+function further.extend(s, permits, at)
+  if s.total + permits >= MAX then
+    return false, 'a total past what doubles hold exactly'
+  end
+  local grants, q, base = s.keys[3], slice_of(s.interval), s.base
+  local at_ms = (at - at % 1000) / 1000
+  local start = at_ms - at_ms % q
+  local found = redis.call('ZREVRANGEBYSCORE', grants, string.format('%d', base + start + q - 1),
+    string.format('%d', base + start), 'WITHSCORES', 'LIMIT', 0, 1)
+  if not found[1] or found[2] - base <= s.now_ms - s.interval then
+    return further.commit(s, permits)
+  end
+  s.give, s.used, s.total = { found[2], -permits }, s.used + permits, s.total + permits
+  return true
 end
 
 -- write: a new record first drops the rate's records out of its window:
@@ -786,6 +862,35 @@ function funnel.release(s, permits, at, size, now)
   return back
 end
 
+-- room is what a settle may count and leave at most debt permits owed:
+-- debt + floor((now + tolerance − TAT) / emission), the floor negative
+-- while the funnel is owed; nil without a cap.
+function funnel.room(s, debt, now)
+  if not debt then
+    return nil
+  end
+  local rate, pe, pr = s.rate, s.pe, s.pr
+  local w, f = s.tolerance - (s.tat - now), s.tf - s.tatf
+  if f < 0 then w, f = w - 1, f + rate end
+  if w >= 0 then
+    return debt + count(w, f, pe, pr, rate)
+  end
+  -- Owed: −(w + f / rate) µs, in emission intervals rounded up.
+  if f > 0 then w, f = w + 1, rate - f else w, f = w, 0 end
+  local k = count(-w, f, pe, pr, rate)
+  local kw, kf = times(k, pe, pr, rate)
+  if kw ~= -w or kf ~= f then k = k + 1 end
+  return debt - k
+end
+
+-- extend counts a reservation's cost past its grant: the grant's place in
+-- the funnel while it has not drained (what follows it moves back), else
+-- from now, as a grant made now; both are the TAT's move by permits
+-- emission intervals. It refuses (false) a debt past what the state holds.
+function funnel.extend(s, permits, _, _, now)
+  return funnel.commit(s, permits, now)
+end
+
 return funnel
 end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'funnel', true, false, false, 'burst'
@@ -902,6 +1007,19 @@ function window.release(s, permits, at)
   local back = math.min(permits, s.count)
   s.count = s.count - back
   return back
+end
+
+-- room: a window holds no debt (it would forgive it at its end), so a
+-- settle counts no more than its rate leaves, whatever cap it was given.
+function window.room(s)
+  return s.rate - s.count
+end
+
+-- extend counts a reservation's cost past its grant in the grant's window
+-- while it lasts, else in now's: the work's cost is owed to the window it
+-- is known in, never forgiven. Either is the window load found.
+function window.extend(s, permits)
+  return window.commit(s, permits)
 end
 
 return window
@@ -1085,6 +1203,35 @@ function sliding.release(s, permits, at)
   end
   s.total, s.moved = s.total - back, true
   return back
+end
+
+-- room is what a settle may count and leave at most debt permits over the
+-- rate; nil without a cap.
+function sliding.room(s, debt)
+  if not debt then
+    return nil
+  end
+  return s.rate - s.total + debt
+end
+
+-- extend counts a reservation's cost past its grant in the grant's own
+-- sub-window while it still counts (the cost leaves with the grant), else
+-- in now's, as a grant made now. It refuses (false) a count doubles do
+-- not hold exactly.
+function sliding.extend(s, permits, at)
+  if s.total + permits >= MAX then
+    return false
+  end
+  local live = s.live
+  local of = (at - at % 1000) / 1000 * s.buckets / s.interval
+  of = of - of % 1
+  for i = #live - 2, 1, -3 do
+    if live[i] == of then
+      live[i + 1], s.total = live[i + 1] + permits, s.total + permits
+      return true
+    end
+  end
+  return sliding.commit(s, permits)
 end
 
 return sliding
@@ -1499,7 +1646,25 @@ end
 local function log_request(key, id, now_ms, window)
   redis.call('ZADD', key, 'NX', string.format('%d', now_ms + window), id)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now_ms))
-  redis.call('PEXPIRE', key, window)
+  -- Never sooner than an entry logged for longer (a reservation's).
+  if redis.call('PTTL', key) < window + 0 then
+    redis.call('PEXPIRE', key, window)
+  end
+end
+
+-- entry is the score of id's entry in the request log (when it expires,
+-- ms), or nil when there is none or it has expired on the request's clock
+-- (the log drops expired entries only as later requests come).
+local function entry(key, id, now_ms)
+  local score = redis.pcall('ZSCORE', key, id)
+  if type(score) == 'table' and score.err then
+    corrupt(key, score.err)
+  end
+  score = tonumber(score or '')
+  if score and score > now_ms then
+    return score
+  end
+  return nil
 end
 
 -- weigh decides n permits on every rate of list: a request is granted only
@@ -1712,18 +1877,43 @@ local function decide(name, op, k, a, na)
     least = tonumber(arg(a, na, 8))
   end
   local allowed, retry, bound, back, counted, resent, wrote = 0, 0, 0, 0, false, false, false
+  local settled = nil -- a settle's entry in the request log, its score
   if op == 'release' then
     -- A reservation's release names its id, which the reservation left in
-    -- the request log: it gives back once, and nothing after whatever
-    -- forgot the log (Reset, Delete, new rates: the state its grant was
-    -- counted in is gone, or counts otherwise).
-    if requests and logged(requests, id) then
+    -- the request log: it gives back once, and nothing once the entry has
+    -- expired or after whatever forgot the log (Reset, Delete, new rates:
+    -- the state its grant was counted in is gone, or counts otherwise).
+    if requests and entry(requests, id, now_ms) then
       local at, size, given_back = tonumber(arg(a, na, 9)), tonumber(arg(a, na, 10)), nil
       for i, s in ipairs(list) do
         local b = step(alg, i).release(s, permits, at, size, now)
         if not given_back or b < given_back then given_back = b end
       end
       back, wrote = given_back or 0, true
+    end
+  elseif op == 'settle' then
+    -- A reservation's cost past what it holds (internal/wire's OpSettle):
+    -- counted once, while its entry lasts, as far as every rate's room
+    -- (its cap) allows.
+    settled = requests and entry(requests, id, now_ms)
+    if not settled and requests and logged(requests, arg(a, na, 12)) then
+      back = -1 -- sent again: its first run moved the entry on
+    elseif settled then
+      local at, size = tonumber(arg(a, na, 9)), tonumber(arg(a, na, 10))
+      local cap, n = tonumber(arg(a, na, 13) or ''), permits
+      for i, s in ipairs(list) do
+        local room = step(alg, i).room(s, cap, now)
+        if room and room < n then n = room end
+      end
+      if n > 0 then
+        for i, s in ipairs(list) do
+          local ok, why = step(alg, i).extend(s, n, at, size, now, arg(a, na, 12))
+          if not ok then
+            fail('permits' .. ' ' .. string.format('%d', n) .. ': ' .. (why or 'a debt past what the state holds exactly'))
+          end
+        end
+        back, wrote = n, true
+      end
     end
   else
     allowed, retry, bound = weigh(alg, list, permits, charge, now)
@@ -1770,7 +1960,7 @@ local function decide(name, op, k, a, na)
     life = math.max(life, rates[j + 1], rates[j + 2] * rates[j + 1] / rates[j])
   end
   life = life + (-life) % 1
-  if kind == 1 and (counted or list[1].grant and not list[1].resent) then
+  if kind == 1 and (counted or list[1].grant and not list[1].resent or settled and wrote) then
     -- The registry lets Delete, Reset and Expire reach every client's keys.
     -- It lives as long as any client's state can. It is written first, as
     -- the one key a grant writes that no read has checked: of another type,
@@ -1791,7 +1981,8 @@ local function decide(name, op, k, a, na)
       redis.call('SET', key1, name, 'PX', string.format('%d', life_ms))
     end
   end
-  if not in_config and (wrote or op ~= 'release' and op ~= 'check' and permits > 0) then
+  local adjusts = op == 'release' or op == 'settle' -- a reservation's release or settle
+  if not in_config and (wrote or not adjusts and op ~= 'check' and permits > 0) then
     -- The token bucket writes its own state: a grant, a release, or a cache
     -- a request for permits found wrong (a peek writes nothing).
     counted = alg.write(list[1], now, config_key) and counted
@@ -1801,7 +1992,17 @@ local function decide(name, op, k, a, na)
   end
   if LOG and counted then
     -- A reservation's id stays while its grant may be released.
-    log_request(requests, id, now_ms, op == 'reserve' and math.max(log_window + 0, life) or log_window)
+    -- (Or for its time to settle, when it has one.)
+    local window = log_window
+    if op == 'reserve' then
+      window = tonumber(arg(a, na, 11) or '') or math.max(log_window + 0, life)
+    end
+    log_request(requests, id, now_ms, window)
+  elseif settled then
+    -- A settle's entry moves on, keeping its expiry (a closed
+    -- reservation's lasts as an unsettled one's would).
+    redis.call('ZREM', requests, id)
+    redis.call('ZADD', requests, string.format('%d', settled), arg(a, na, 12))
   elseif wrote then
     redis.call('ZREM', requests, id)
   end
@@ -1892,7 +2093,7 @@ local function decide(name, op, k, a, na)
       redis.call('DEL', key1)
     end
   end
-  if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= 'release' and op ~= 'check' then
+  if is_stored and cfg.keepalive > 0 and permits > 0 and op ~= 'check' and (not adjusts or settled and wrote) then
     -- Every acquire keeps the config alive, granted or denied: a saturated
     -- limiter is busy, not idle. State in the config hash keeps it alive as
     -- long as the state counts (a funnel whose burst drains slower).
@@ -1904,7 +2105,7 @@ local function decide(name, op, k, a, na)
   end
 
   -- Reply.
-  if op == 'release' then
+  if adjusts then
     return back
   end
   if resent then allowed, retry = 1, 0 end

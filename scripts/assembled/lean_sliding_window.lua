@@ -13,7 +13,8 @@
 -- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
 -- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
 -- E_PERMITS = 'permits' E_CORRUPT = 'corrupt' FRAME_ALL = 'all' OP_CHECK = 'check'
--- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6
+-- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6 OP_SETTLE = 'settle' SETTLED_BEFORE = -1 A_TIMEOUT = 11
+-- A_NEXT = 12 A_MAX_DEBT = 13
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
