@@ -40,6 +40,7 @@ type Client struct {
 	shadow      bool // WithShadow
 	sleep       func(ctx context.Context, d time.Duration) error
 	breaker     *evalsha.Breaker // nil unless WithBreaker
+	degraded    *degraded        // nil unless WithDegraded (degraded.go)
 	noBatch     bool             // WithoutBatching
 	families    families         // see Client.limiter
 	// lines: the Acquires waiting on each in-flight limit (inflight.go).
@@ -166,6 +167,7 @@ func New(rdb redis.Scripter, opts ...Option) *Client {
 		opt(c)
 	}
 	c.transport = evalsha.NewTransport(rdb, scripts, evalsha.Options{Breaker: c.breaker, NoBatch: c.noBatch})
+	c.degraded.start(c) // WithDegraded's heartbeat (degraded.go); nothing without it
 	c.clientIDArg, c.retryWindowArg = c.clientID, ""
 	c.families.current = make(map[familyKey]*family)
 	if c.retryWindow > 0 {

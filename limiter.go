@@ -121,6 +121,9 @@ type family struct {
 	// for an equal config: one per family keeps them bounded, and a service
 	// gives one name one default.
 	withDefault atomic.Pointer[Limiter]
+	// degraded: the config last seen in force, and the local state
+	// (degraded.go, WithDegraded).
+	degraded degradedFamily
 }
 
 // familyKey names a family within its Client, whose prefix is the same for all.

@@ -23,8 +23,8 @@ import (
 //  2. the Client's cache of denials (local_cache.go);
 //  3. Redis: ask, the one road to the transport (internal/evalsha), with
 //     the arguments and reply internal/wire declares;
-//  4. shadow mode and fail-open (settle), which may grant what the layers
-//     above did not;
+//  4. degraded mode, shadow mode and fail-open (settle), which may decide
+//     what Redis could not, or grant what the layers above did not;
 //  5. the observer (tell).
 //
 // A local change that may free permits sooner than a layer's answer says
@@ -56,7 +56,7 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 			c.denials.store(l.denial, permits, r, c.clock())
 		}
 	}
-	r, err, open := c.settle(ctx, l, r, err)
+	r, err, open := c.settle(ctx, l, permits, r, err)
 	c.tell(l, permits, r, err, start)
 	if open {
 		return r, nil
@@ -64,22 +64,28 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 	return r, err
 }
 
-// settle applies shadow mode and fail-open: shadow mode (the Client's, the
-// handle's or the stored config's) grants what the limit denied, and, as
-// WithFailOpen does, what Redis could not decide. open: the request was
-// granted without a decision; the error goes to the observer only.
-func (c *Client) settle(ctx context.Context, l *Limiter, r Result, err error) (_ Result, _ error, open bool) {
+// settle applies degraded mode, shadow mode and fail-open: degraded mode
+// (WithDegraded) decides locally what Redis could not, within the
+// instance's share; shadow mode (the Client's, the handle's or the stored
+// config's) grants what the limit denied, and, as WithFailOpen does, what
+// Redis could not decide and degraded mode did not. open: the request was
+// decided without Redis; the error goes to the observer only.
+func (c *Client) settle(ctx context.Context, l *Limiter, permits int64, r Result, err error) (_ Result, _ error, open bool) {
 	shadow := c.shadow || l.shadow || r.Shadow
-	if c.grantsOpen(ctx, err, shadow) {
+	// Degraded mode (degraded.go); a nil c.degraded decides nothing.
+	local, degraded := c.degraded.settle(ctx, l, permits, r, err)
+	if degraded {
+		r, open = local, true
+	} else if c.grantsOpen(ctx, err, shadow) {
 		return Result{Allowed: true, Reason: ReasonFailOpen, Shadow: shadow}, err, true
 	}
-	if shadow && err == nil {
+	if shadow && (err == nil || degraded) {
 		r.Shadow = true
 		if !r.Allowed {
 			r.Allowed, r.Reason = true, ReasonShadow
 		}
 	}
-	return r, err, false
+	return r, err, open
 }
 
 // grantsOpen reports whether a request Redis failed to decide with err is

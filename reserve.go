@@ -130,7 +130,7 @@ func (l *Limiter) Reserve(ctx context.Context, permits int64, opts ...ReserveOpt
 	if err == nil {
 		err = aboveLimit(r, permits)
 	}
-	r, err, open := l.client.settle(ctx, l, r, err)
+	r, err, open := l.client.settle(ctx, l, permits, r, err)
 	l.client.tell(l, permits, r, err, start)
 	if open {
 		err = nil

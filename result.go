@@ -40,7 +40,9 @@ type Result struct {
 	// Reason says what decided: the limit (ReasonLimit, the zero value),
 	// a denial cached by WithLocalCache, WithFailOpen granting what Redis
 	// could not decide (the observer's Decision.Err says why), shadow
-	// mode granting what the limit denied, or the handle's lease.
+	// mode granting what the limit denied, the handle's lease, or
+	// degraded mode deciding locally, within the instance's share, what
+	// Redis could not (WithDegraded: Limit is then the share).
 	Reason Reason
 	// Shadow: the decision was made in shadow mode (WithShadow,
 	// Limiter.WithShadow, or the stored config's, Limiter.SetShadow). It
@@ -59,6 +61,7 @@ const (
 	ReasonFailOpen               // granted by WithFailOpen, or in shadow mode, while Redis could not decide
 	ReasonShadow                 // granted in shadow mode; the limit denied it
 	ReasonLease                  // decided from this handle's lease (WithLease), without a round trip
+	ReasonDegraded               // decided locally within this instance's share while Redis could not decide (WithDegraded)
 )
 
 func (r Reason) String() string {
@@ -73,6 +76,8 @@ func (r Reason) String() string {
 		return "shadow"
 	case ReasonLease:
 		return "lease"
+	case ReasonDegraded:
+		return "degraded"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }

@@ -1,0 +1,514 @@
+package redlimit
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redlimit/redlimit/internal/evalsha"
+	"github.com/redlimit/redlimit/internal/local"
+	"github.com/redlimit/redlimit/internal/wire"
+)
+
+// Degraded configures degraded mode (WithDegraded).
+//
+// When Redis cannot decide, a Client fails closed (the
+// error), or with WithFailOpen grants everything: with N instances, N
+// times whatever they are asked, with no bound at all. In degraded mode
+// each instance enforces its share of each limit in memory instead, with
+// the limiter's own algorithm, until Redis answers again:
+//
+//   - the share: every Client beats a heartbeat into one key of its prefix,
+//     <prefix>redlimit:instances, a zset of the live instances scored by
+//     their last beat, and learns from it how many are live (those heard
+//     from within Expire, itself included). While Redis is unavailable a
+//     limit of L is ⌈L / N⌉ for the instance, N being the most instances its
+//     heartbeats counted within Expire of the last one Redis answered: the
+//     instances that were live before the outage, even when a Redis that
+//     lost its data had not yet heard from all of them again. A rate's Burst
+//     (a funnel's) is shared the same way. A PerClient limit is shared by
+//     the instances that share this Client's id (each has its own, unless
+//     WithClientID gave several the same);
+//   - the config: the one in force at the limiter's last decision Redis
+//     answered on this instance: the handle's default, or the stored config,
+//     which the instance reads once (Limiter.Config) when a decision reports
+//     limits its default does not have, and again when they change. A
+//     limiter no decision has met is decided on its handle's default; one
+//     with neither (no default, never decided) cannot be degraded;
+//   - the decision: the algorithm's own arithmetic, the scripts' in Go
+//     (internal/local), exact to the µs, on the Client's clock, in a state the instance keeps per limiter, across
+//     outages: Redis coming back and going again does not refill it (a new
+//     config or instance count starts it afresh). Result.Reason is
+//     ReasonDegraded and its Limit the share.
+//
+// What is counted locally is never written to Redis, nor what Redis
+// counted read locally: each side starts from its own count.
+//
+// The bound. Say M instances decide locally, each on the same config and
+// each having counted Nᵢ ≥ M live instances. Every span in which the
+// algorithm grants at most L (a fixed window's window; a token bucket's
+// Interval; a sliding window's Interval × (Buckets − 1) / Buckets) then
+// holds at most Σ ⌈L / Nᵢ⌉ ≤ M × ⌈L / M⌉ ≤ L + M − 1 local grants: the
+// shares' rounding. A funnel grants at most Burst + M − 1 + (Rate + M − 1)
+// × t / Interval over any span t. A span that holds a switch, from Redis
+// or back to it, adds what Redis granted in it: at most L more, so 2L + M
+// − 1 in all. (Measured with three processes on a Redis killed and
+// restarted under load: 31 a second gives 33 a second during the outage,
+// exactly, and 64 in the seconds of the switches.) What the premise leaves
+// out is churn: an instance started during the outage
+// (or within one Heartbeat before it, before the others counted it) adds
+// its own share, and one that never reached Redis decides nothing locally
+// unless MinInstances is set; an instance gone before the outage but still
+// counted makes the shares smaller, never larger. An outage that only some
+// instances see adds their shares to what the others decide in Redis. Each
+// instance's windows are its own clock's (WithClock's, else the machine's):
+// clocks apart by d move windows apart by d.
+//
+// Interplay: a request Redis could not decide (ErrUnavailable; never a
+// caller's own cancellation) is decided locally when it can be; when it
+// cannot (see above, and a handle from Throttle, AsClient or SetRate's),
+// WithFailOpen grants it, and otherwise the error is returned, as without
+// degraded mode. With both options set, degraded mode so replaces
+// fail-open's unbounded grant with the bounded one wherever it can. The
+// error still reaches the observer, with the local Result. Shadow mode
+// applies to local decisions as to Redis's. Allow, TryAcquire, Acquire,
+// leased handles and Reserve are degraded (a reservation granted locally
+// has Taken 0: Release gives nothing back); Charge and in-flight limits are
+// not. WithBreaker makes the outage cost microseconds a decision rather
+// than go-redis's timeouts and dial retries (five, 100 ms apart, by
+// default): use them together.
+type Degraded struct {
+	// Heartbeat is how often the Client counts itself live and learns how
+	// many instances are; 0 (or less than 1ms) is 5s. The first beat is
+	// sent when the Client is made.
+	Heartbeat time.Duration
+	// Expire is how long an instance is counted after its last beat, and
+	// the heartbeat key's TTL; 0, or no more than Heartbeat, is three
+	// Heartbeats.
+	Expire time.Duration
+	// MinInstances is the fewest instances a share divides by: a floor on
+	// what heartbeats count, and what an instance that has not yet reached
+	// Redis divides by (0: such an instance cannot degrade).
+	MinInstances int
+}
+
+// WithDegraded makes the Client decide locally, within its share of each
+// limit, what Redis cannot decide, instead of failing closed or open; see
+// Degraded for how, and for the bound it keeps. The heartbeat runs on a
+// goroutine of its own, one script call each Heartbeat, until the Client
+// is garbage collected.
+func WithDegraded(d Degraded) Option {
+	if d.Heartbeat < time.Millisecond {
+		d.Heartbeat = 5 * time.Second
+	}
+	if d.Expire <= d.Heartbeat {
+		d.Expire = 3 * d.Heartbeat
+	}
+	d.MinInstances = max(d.MinInstances, 0)
+	return func(c *Client) { c.degraded = &degraded{cfg: d} }
+}
+
+// DegradedState is what a Client in degraded mode knows: Client.DegradedState.
+type DegradedState struct {
+	Enabled bool // WithDegraded
+	// Instances is the share's divisor: the most instances the heartbeats
+	// Redis answered counted live within Expire of the latest (this one
+	// included); 0 before the first. SameID is the same count of those
+	// with this Client's id: a PerClient limit's divisor.
+	Instances, SameID int
+	Beat              time.Time // when the latest was sent, on the Client's clock
+	// Active: a decision Redis could not decide was decided locally, and
+	// Redis has decided none since. Since is when that began.
+	Active bool
+	Since  time.Time
+}
+
+// DegradedState reports what degraded mode knows now: for metrics and
+// operators. Zero without WithDegraded.
+func (c *Client) DegradedState() DegradedState {
+	d := c.degraded
+	if d == nil {
+		return DegradedState{}
+	}
+	s := DegradedState{Enabled: true, Instances: int(d.instances.Load()), SameID: int(d.same.Load()), Active: d.active.Load()}
+	if at := d.beatAt.Load(); at != 0 {
+		s.Beat = time.Unix(0, at)
+	}
+	if s.Active {
+		s.Since = time.Unix(0, d.since.Load())
+	}
+	return s
+}
+
+// degraded is a Client's degraded mode.
+type degraded struct {
+	cfg       Degraded
+	transport *evalsha.Transport
+	now       func() time.Time // the Client's WithClock, or nil for Redis TIME
+	key       string           // heartbeatKey
+	member    string           // this instance in it: its client id, a space, 16 hex digits
+	clientID  string
+	// What the heartbeats Redis answered counted (see DegradedState), and
+	// when the latest was sent (ns).
+	instances, same, beatAt atomic.Int64
+	// The counts that instances and same keep, and when each was
+	// counted: a lower count replaces one only after Expire.
+	peakMu sync.Mutex
+	peak   [2]int64
+	peakAt [2]time.Time
+	// active: the latest of Redis's answer and a local decision was the
+	// local decision, made since (ns).
+	active atomic.Bool
+	since  atomic.Int64
+	// first is closed once the first beat has returned.
+	first chan struct{}
+}
+
+// heartbeatKey is the zset of a prefix's live instances. Under a prefix
+// without braces every limiter's name gets a hash tag (wire.FullName), so
+// this key is no limiter's; otherwise no limiter may be called
+// "redlimit:instances".
+func heartbeatKey(prefix string) string { return prefix + "redlimit:instances" }
+
+// heartbeatScript counts this instance live at now (ms; empty for Redis TIME),
+// forgets those not heard from for expire ms, keeps the key for that long,
+// and returns how many are live and how many of them have this client id.
+// KEYS: the zset. ARGV: the member, now, expire, the client id.
+var heartbeatScript = evalsha.New("heartbeat", `
+local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = t[1] * 1000 + math.floor(t[2] / 1000)
+end
+local expire = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], string.format('%d', now), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - expire))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', expire))
+local id = ARGV[4] .. ' '
+local same = 0
+local live = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, m in ipairs(live) do
+  if #m == #id + 16 and string.sub(m, 1, #id) == id then
+    same = same + 1
+  end
+end
+return {#live, same}
+`)
+
+// start begins the heartbeat: a goroutine that holds nothing of the
+// Client, and ends once the Client is unreachable.
+func (d *degraded) start(c *Client) {
+	if d == nil {
+		return
+	}
+	d.transport, d.now, d.clientID = c.transport, c.now, c.clientID
+	d.key, d.member = heartbeatKey(c.prefix), c.clientID+" "+randomHex(8)
+	d.first = make(chan struct{})
+	stop := make(chan struct{})
+	runtime.AddCleanup(c, func(stop chan struct{}) { close(stop) }, stop)
+	go d.loop(stop)
+}
+
+func (d *degraded) loop(stop <-chan struct{}) {
+	tick := time.NewTicker(d.cfg.Heartbeat)
+	defer tick.Stop()
+	for first := true; ; first = false {
+		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Heartbeat)
+		_ = d.beat(ctx) // a failure keeps what the last beat learnt: that is the point
+		cancel()
+		if first {
+			close(d.first)
+		}
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// beat runs the heartbeat script and keeps what it counted.
+func (d *degraded) beat(ctx context.Context) error {
+	now, sent := noArg, time.Now()
+	if d.now != nil {
+		sent = d.now()
+		now = sent.UnixMilli()
+	}
+	reply, err := d.transport.Run(ctx, heartbeatScript, []any{d.key}, []any{d.member, now, d.cfg.Expire.Milliseconds(), d.clientID})
+	if err != nil {
+		return err
+	}
+	var n [2]int64
+	if v, ok := reply.([]any); !ok || len(v) != 2 || !integers(v, n[:]) || n[0] < 1 || n[1] < 1 || n[1] > n[0] {
+		return unexpected(reply)
+	}
+	// A count falls only once the higher one is Expire old: the members a
+	// Redis that lost its data (this key too) has not heard from again yet,
+	// or a beat that came late, still count.
+	d.peakMu.Lock()
+	for i, count := range n {
+		if count >= d.peak[i] || sent.Sub(d.peakAt[i]) > d.cfg.Expire {
+			d.peak[i], d.peakAt[i] = count, sent
+		}
+	}
+	d.instances.Store(d.peak[0])
+	d.same.Store(d.peak[1])
+	d.peakMu.Unlock()
+	d.beatAt.Store(sent.UnixNano())
+	return nil
+}
+
+// degradedFamily is what degraded mode keeps of one limiter (its family's):
+// the config last seen in force, and the local state.
+type degradedFamily struct {
+	seen     atomic.Pointer[seenConfig]
+	fetching atomic.Bool // a read of the stored config is under way
+	mu       sync.Mutex  // makes state
+	state    atomic.Pointer[localState]
+}
+
+// seenConfig is a config a decision found in force, and the limits and
+// windows that decision reported: while decisions report the same, it is
+// still the one.
+type seenConfig struct {
+	cfg    Config
+	quotas []Quota
+}
+
+// localState is a limiter decided locally: on cfg, shared by n instances.
+type localState struct {
+	cfg    Config
+	n      int64
+	mu     sync.Mutex // guards lim
+	lim    *local.Limiter
+	quotas []Quota       // the share's rates' Limit and Window
+	full   []int64       // each rate's own capacity: a request above it never fits
+	retry  time.Duration // what a request above the share but within the limit is told to wait
+	// edges are each calendar rate's windows (nil for the others), or nil
+	// with none: such a rate's Window is the length of the window that
+	// holds now, as Redis reports it.
+	edges []func(us int64) (start, end int64)
+}
+
+// settle is degraded mode's part of the settle layer (pipeline.go): a
+// decision Redis made teaches the config in force; one it could not make
+// (ErrUnavailable, not the caller's cancellation) is decided locally when
+// it can be, and ok says so.
+func (d *degraded) settle(ctx context.Context, l *Limiter, permits int64, r Result, err error) (_ Result, ok bool) {
+	switch {
+	case d == nil:
+		return Result{}, false
+	case err == nil:
+		if r.Reason == ReasonLimit && d.active.Load() {
+			d.active.Store(false) // Redis answered: loaded first, as every decision passes here
+		}
+		d.learn(l, r) // a lease's or a cached denial's limits are a decision's of Redis too
+		return Result{}, false
+	case !errors.Is(err, ErrUnavailable) || errors.Is(ctx.Err(), context.Canceled):
+		return Result{}, false
+	}
+	return d.decide(l, permits)
+}
+
+// degradable: a handle whose config degraded mode can know. Throttle's and
+// SetRate's carry a config of their own that is not kept; AsClient's speak
+// for another client, whose share is not this instance's.
+func degradable(l *Limiter) bool {
+	return l.err == nil && l.source != wire.SourceFixed && l.source != wire.SourceNew && l.clientID == l.client.clientIDArg
+}
+
+// learn keeps the config in force at a decision Redis made, r: the one
+// seen before while r reports the same limits, else the handle's default
+// if r reports its limits, else the stored config, read once.
+func (d *degraded) learn(l *Limiter, r Result) {
+	if !degradable(l) {
+		return
+	}
+	f := &l.family.degraded
+	if s := f.seen.Load(); s != nil && sameQuotas(r, s.quotas) {
+		return
+	}
+	if l.source == wire.SourceDefault && defaultQuotas(r, l.dfltRates) {
+		f.seen.Store(&seenConfig{cfg: l.dflt, quotas: reported(r)})
+		return
+	}
+	if !f.fetching.CompareAndSwap(false, true) {
+		return
+	}
+	if l.client.now != nil {
+		d.fetch(l, reported(r)) // on a controlled clock, in order: a test's run is the same every time
+		return
+	}
+	go d.fetch(l, reported(r))
+}
+
+// fetch reads the stored config, which decisions reported as quotas.
+func (d *degraded) fetch(l *Limiter, quotas []Quota) {
+	f := &l.family.degraded
+	defer f.fetching.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Heartbeat)
+	defer cancel()
+	if cfg, err := l.Config(ctx); err == nil {
+		f.seen.Store(&seenConfig{cfg: cfg, quotas: quotas})
+	}
+}
+
+// reported lists r's rates' Limit and Window.
+func reported(r Result) []Quota {
+	if len(r.Quotas) > 0 {
+		return slices.Clone(r.Quotas)
+	}
+	return []Quota{{Limit: r.Limit, Window: r.Window}}
+}
+
+// sameQuotas reports whether r reports the rates qs.
+func sameQuotas(r Result, qs []Quota) bool {
+	if len(r.Quotas) > 0 {
+		return slices.Equal(r.Quotas, qs)
+	}
+	return len(qs) == 1 && qs[0] == Quota{Limit: r.Limit, Window: r.Window}
+}
+
+// defaultQuotas reports whether r reports the rates of a default, as the
+// scripts report them.
+func defaultQuotas(r Result, rates []wire.Rate) bool {
+	n := max(1, len(r.Quotas))
+	if len(rates) != n {
+		return false
+	}
+	for i, rate := range rates {
+		limit, window := wire.Quota(rate)
+		q := Quota{Limit: r.Limit, Window: r.Window}
+		if len(r.Quotas) > 0 {
+			q = r.Quotas[i]
+		}
+		if q != (Quota{Limit: limit, Window: time.Duration(window) * time.Millisecond}) {
+			return false
+		}
+	}
+	return true
+}
+
+// decide decides permits locally, if the limiter can be (see the package
+// doc's degraded mode).
+func (d *degraded) decide(l *Limiter, permits int64) (Result, bool) {
+	if !degradable(l) {
+		return Result{}, false
+	}
+	f := &l.family.degraded
+	var cfg Config
+	if s := f.seen.Load(); s != nil {
+		cfg = s.cfg
+	} else if l.source == wire.SourceDefault {
+		cfg = l.dflt
+	} else {
+		return Result{}, false
+	}
+	n := d.instances.Load()
+	if cfg.Type == PerClient {
+		n = d.same.Load()
+	}
+	n = max(n, int64(d.cfg.MinInstances))
+	if n < 1 {
+		return Result{}, false
+	}
+	s := f.local(l.alg, cfg, n, d.cfg.Heartbeat)
+	if s == nil {
+		return Result{}, false
+	}
+	now := l.client.clock()
+	s.mu.Lock()
+	dec := s.lim.Allow(now.UnixMicro(), permits)
+	s.mu.Unlock()
+	if !d.active.Load() && d.active.CompareAndSwap(false, true) {
+		d.since.Store(now.UnixNano())
+	}
+	return s.result(dec, permits, now.UnixMicro()), true
+}
+
+// local returns the limiter's local state for cfg shared by n instances:
+// the one kept, or a new one when either changed.
+func (f *degradedFamily) local(alg *wire.Algorithm, cfg Config, n int64, retry time.Duration) *localState {
+	if s := f.state.Load(); s != nil && s.n == n && s.cfg.equal(cfg) {
+		return s
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s := f.state.Load(); s != nil && s.n == n && s.cfg.equal(cfg) {
+		return s // made meanwhile
+	}
+	s := &localState{cfg: cfg, n: n, retry: retry}
+	var rates []local.Rate
+	all := cfg.rates()
+	for k, r := range all {
+		r = r.withDefaults()
+		lr := local.Rate{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds()}
+		full := r.Rate
+		switch alg {
+		case wire.Funnel:
+			lr.Burst, full = r.Burst, r.Burst
+		case wire.SlidingWindow:
+			lr.Buckets = int64(r.Buckets)
+		}
+		if cal := r.Calendar; cal.Period != 0 {
+			lr.Window = func(us int64) (int64, int64) {
+				start, end := cal.window(time.UnixMicro(us))
+				return start.UnixMicro(), end.UnixMicro()
+			}
+			if s.edges == nil {
+				s.edges = make([]func(int64) (int64, int64), len(all))
+			}
+			s.edges[k] = lr.Window
+		}
+		lr = lr.Shared(n)
+		limit, window := wire.Quota(wire.Rate{Rate: lr.Rate, IntervalMS: lr.IntervalMS, Burst: lr.Burst})
+		s.quotas = append(s.quotas, Quota{Limit: limit, Window: time.Duration(window) * time.Millisecond})
+		s.full = append(s.full, full)
+		rates = append(rates, lr)
+	}
+	lim, err := local.New(alg.Name, rates)
+	if err != nil {
+		return nil // a config validation let through would be a bug: fail as without degraded mode
+	}
+	s.lim = lim
+	f.state.Store(s)
+	return s
+}
+
+// result is the Result of a local decision on permits at now (µs). A
+// request above a rate's own capacity never fits, as Redis would say; one
+// above the share only, not until Redis decides again: it is told to retry
+// after a Heartbeat.
+func (s *localState) result(dec local.Decision, permits, now int64) Result {
+	r := Result{Allowed: dec.Allowed, Remaining: dec.Remaining, RetryAfter: micros(dec.Retry),
+		ResetAfter: micros(dec.Reset), Reason: ReasonDegraded}
+	bound := dec.Bound
+	if dec.Retry < 0 {
+		r.RetryAfter = s.retry
+		for k, full := range s.full {
+			if permits > full {
+				r.RetryAfter, bound = Never, k
+				break
+			}
+		}
+	}
+	quotas := s.quotas
+	if s.edges != nil {
+		quotas = slices.Clone(s.quotas)
+		for k, edges := range s.edges {
+			if edges != nil {
+				start, end := edges(now)
+				quotas[k].Window = time.Duration(end-start) * time.Microsecond
+			}
+		}
+	}
+	r.Limit, r.Window = quotas[bound].Limit, quotas[bound].Window
+	if len(quotas) > 1 {
+		r.Bound, r.Quotas = bound, slices.Clone(quotas)
+	}
+	return r
+}
