@@ -94,7 +94,7 @@ func (c *Client) AllowAll(ctx context.Context, wants ...Want) (AllResult, error)
 	open := err != nil
 	for i, w := range wants {
 		l := w.Limiter
-		r, _, opened := c.settle(ctx, l, results[i], err)
+		r, _, opened := c.settleOpen(ctx, l, results[i], err) // all or nothing: never decided locally (degraded mode)
 		results[i], open = r, open && opened
 		if err == nil && !committed {
 			if c.denials != nil {

@@ -149,7 +149,7 @@ type degraded struct {
 	cfg       Degraded
 	transport *evalsha.Transport
 	now       func() time.Time // the Client's WithClock, or nil for Redis TIME
-	key       string           // heartbeatKey
+	key       string           // wire.HeartbeatKey
 	member    string           // this instance in it: its client id, a space, 16 hex digits
 	clientID  string
 	// What the heartbeats Redis answered counted (see DegradedState), and
@@ -166,38 +166,8 @@ type degraded struct {
 	since  atomic.Int64
 	// first is closed once the first beat has returned.
 	first chan struct{}
+	stop  func() // ends the heartbeat, once
 }
-
-// heartbeatKey is the zset of a prefix's live instances. Under a prefix
-// without braces every limiter's name gets a hash tag (wire.FullName), so
-// this key is no limiter's; otherwise no limiter may be called
-// "redlimit:instances".
-func heartbeatKey(prefix string) string { return prefix + "redlimit:instances" }
-
-// heartbeatScript counts this instance live at now (ms; empty for Redis TIME),
-// forgets those not heard from for expire ms, keeps the key for that long,
-// and returns how many are live and how many of them have this client id.
-// KEYS: the zset. ARGV: the member, now, expire, the client id.
-var heartbeatScript = evalsha.New("heartbeat", `
-local now = tonumber(ARGV[2])
-if not now then
-  local t = redis.call('TIME')
-  now = t[1] * 1000 + math.floor(t[2] / 1000)
-end
-local expire = tonumber(ARGV[3])
-redis.call('ZADD', KEYS[1], string.format('%d', now), ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - expire))
-redis.call('PEXPIRE', KEYS[1], string.format('%d', expire))
-local id = ARGV[4] .. ' '
-local same = 0
-local live = redis.call('ZRANGE', KEYS[1], 0, -1)
-for _, m in ipairs(live) do
-  if #m == #id + 16 and string.sub(m, 1, #id) == id then
-    same = same + 1
-  end
-end
-return {#live, same}
-`)
 
 // start begins the heartbeat: a goroutine that holds nothing of the
 // Client, and ends once the Client is unreachable.
@@ -206,11 +176,20 @@ func (d *degraded) start(c *Client) {
 		return
 	}
 	d.transport, d.now, d.clientID = c.transport, c.now, c.clientID
-	d.key, d.member = heartbeatKey(c.prefix), c.clientID+" "+randomHex(8)
+	d.key, d.member = wire.HeartbeatKey(c.prefix), c.clientID+" "+randomHex(8)
 	d.first = make(chan struct{})
 	stop := make(chan struct{})
-	runtime.AddCleanup(c, func(stop chan struct{}) { close(stop) }, stop)
+	d.stop = sync.OnceFunc(func() { close(stop) })
+	runtime.AddCleanup(c, func(stop func()) { stop() }, d.stop)
 	go d.loop(stop)
+}
+
+// close ends the heartbeat (Client.Close); the instance drops out of the
+// count once Expire passes without a beat.
+func (d *degraded) close() {
+	if d != nil && d.stop != nil {
+		d.stop()
+	}
 }
 
 func (d *degraded) loop(stop <-chan struct{}) {
@@ -238,12 +217,15 @@ func (d *degraded) beat(ctx context.Context) error {
 		sent = d.now()
 		now = sent.UnixMilli()
 	}
-	reply, err := d.transport.Run(ctx, heartbeatScript, []any{d.key}, []any{d.member, now, d.cfg.Expire.Milliseconds(), d.clientID})
+	args := make([]any, wire.HeartbeatClientID)
+	args[wire.HeartbeatMember-1], args[wire.HeartbeatNow-1] = d.member, now
+	args[wire.HeartbeatExpire-1], args[wire.HeartbeatClientID-1] = d.cfg.Expire.Milliseconds(), d.clientID
+	reply, err := d.transport.Run(ctx, scripts.Heartbeat, []any{d.key}, args)
 	if err != nil {
 		return err
 	}
-	var n [2]int64
-	if v, ok := reply.([]any); !ok || len(v) != 2 || !integers(v, n[:]) || n[0] < 1 || n[1] < 1 || n[1] > n[0] {
+	var n [wire.HeartbeatReplyLen]int64
+	if v, ok := reply.([]any); !ok || len(v) != len(n) || !integers(v, n[:]) || n[0] < 1 || n[1] < 1 || n[1] > n[0] {
 		return unexpected(reply)
 	}
 	// A count falls only once the higher one is Expire old: the members a
@@ -357,18 +339,23 @@ func (d *degraded) fetch(l *Limiter, quotas []Quota) {
 	}
 }
 
-// reported lists r's rates' Limit and Window.
+// reported lists r's rates' Limit and Window (not their resets: the rates,
+// not their state).
 func reported(r Result) []Quota {
-	if len(r.Quotas) > 0 {
-		return slices.Clone(r.Quotas)
+	if len(r.Quotas) == 0 {
+		return []Quota{{Limit: r.Limit, Window: r.Window}}
 	}
-	return []Quota{{Limit: r.Limit, Window: r.Window}}
+	qs := make([]Quota, len(r.Quotas))
+	for i, q := range r.Quotas {
+		qs[i] = Quota{Limit: q.Limit, Window: q.Window}
+	}
+	return qs
 }
 
 // sameQuotas reports whether r reports the rates qs.
 func sameQuotas(r Result, qs []Quota) bool {
 	if len(r.Quotas) > 0 {
-		return slices.Equal(r.Quotas, qs)
+		return slices.EqualFunc(r.Quotas, qs, func(a, b Quota) bool { return a.Limit == b.Limit && a.Window == b.Window })
 	}
 	return len(qs) == 1 && qs[0] == Quota{Limit: r.Limit, Window: r.Window}
 }
@@ -509,6 +496,9 @@ func (s *localState) result(dec local.Decision, permits, now int64) Result {
 	r.Limit, r.Window = quotas[bound].Limit, quotas[bound].Window
 	if len(quotas) > 1 {
 		r.Bound, r.Quotas = bound, slices.Clone(quotas)
+		for k := range r.Quotas {
+			r.Quotas[k].ResetAfter = micros(dec.Resets[k])
+		}
 	}
 	return r
 }

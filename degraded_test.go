@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -511,4 +514,37 @@ func TestDegradedHeartbeatCluster(t *testing.T) {
 	}
 	ttl := cc.PTTL(ctx, key).Val()
 	assert.True(t, ttl > 3*time.Hour-time.Minute && ttl <= 3*time.Hour, "PTTL %v", ttl)
+}
+
+// Client.Close ends the heartbeat: no beat is sent after it.
+func TestDegradedCloseEndsHeartbeat(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	var beats atomic.Int64
+	rdb.AddHook(scriptCallHook(func() { beats.Add(1) }))
+	c := New(rdb, WithDegraded(Degraded{Heartbeat: 5 * time.Millisecond}))
+	require.Eventually(t, func() bool { return beats.Load() >= 2 }, 10*time.Second, time.Millisecond, "the heartbeat beats")
+	require.NoError(t, c.Close(context.Background()))
+	time.Sleep(100 * time.Millisecond) // a beat under way when Close came ends
+	before := beats.Load()
+	time.Sleep(200 * time.Millisecond) // 40 heartbeats' time
+	assert.Equal(t, before, beats.Load(), "no beat after Close")
+	runtime.KeepAlive(c) // the heartbeat also ends once the Client is collected
+}
+
+// scriptCallHook calls f on every script call (EVALSHA, EVAL).
+type scriptCallHook func()
+
+func (h scriptCallHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h scriptCallHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h scriptCallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -91,9 +91,11 @@ func (cfg Lease) validate() error {
 // unused, and makes them decide in Redis from then on (Limiter.Close): for
 // a service's shutdown, so that its blocks serve the other instances at
 // once rather than when their lease time is up. It ends hot leases too
-// (WithHotLeases): their blocks go back, and no limiter is leased again. It
-// does not close the go-redis client, which the caller owns.
+// (WithHotLeases): their blocks go back, and no limiter is leased again;
+// and degraded mode's heartbeat (WithDegraded). It does not close the
+// go-redis client, which the caller owns.
 func (c *Client) Close(ctx context.Context) error {
+	c.degraded.close()
 	errs := []error{c.hot.close(ctx)}
 	c.leases.Range(func(h, _ any) bool {
 		errs = append(errs, h.(*Limiter).Close(ctx))

@@ -65,27 +65,39 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 }
 
 // settle applies degraded mode, shadow mode and fail-open: degraded mode
-// (WithDegraded) decides locally what Redis could not, within the
-// instance's share; shadow mode (the Client's, the handle's or the stored
-// config's) grants what the limit denied, and, as WithFailOpen does, what
-// Redis could not decide and degraded mode did not. open: the request was
-// decided without Redis; the error goes to the observer only.
+// (WithDegraded, degraded.go) decides locally what Redis could not, within
+// the instance's share; then settleOpen. open: the request was decided
+// without Redis; the error goes to the observer only.
 func (c *Client) settle(ctx context.Context, l *Limiter, permits int64, r Result, err error) (_ Result, _ error, open bool) {
+	if local, ok := c.degraded.settle(ctx, l, permits, r, err); ok { // a nil c.degraded decides nothing
+		return shadowed(local, c.shadow || l.shadow || local.Shadow), err, true
+	}
+	return c.settleOpen(ctx, l, r, err)
+}
+
+// settleOpen applies shadow mode and fail-open: shadow mode (the Client's,
+// the handle's or the stored config's) grants what the limit denied, and,
+// as WithFailOpen does, what Redis could not decide.
+func (c *Client) settleOpen(ctx context.Context, l *Limiter, r Result, err error) (_ Result, _ error, open bool) {
 	shadow := c.shadow || l.shadow || r.Shadow
-	// Degraded mode (degraded.go); a nil c.degraded decides nothing.
-	local, degraded := c.degraded.settle(ctx, l, permits, r, err)
-	if degraded {
-		r, open = local, true
-	} else if c.grantsOpen(ctx, err, shadow) {
+	if c.grantsOpen(ctx, err, shadow) {
 		return Result{Allowed: true, Reason: ReasonFailOpen, Shadow: shadow}, err, true
 	}
-	if shadow && (err == nil || degraded) {
+	if err == nil {
+		r = shadowed(r, shadow)
+	}
+	return r, err, false
+}
+
+// shadowed is r in shadow mode, when on: granted whatever the limit said.
+func shadowed(r Result, on bool) Result {
+	if on {
 		r.Shadow = true
 		if !r.Allowed {
 			r.Allowed, r.Reason = true, ReasonShadow
 		}
 	}
-	return r, err, open
+	return r
 }
 
 // grantsOpen reports whether a request Redis failed to decide with err is

@@ -36,9 +36,10 @@ type Scripts struct {
 	Decide *Script // decide.lua: every decision, one request or a batch
 	// Lean holds lean.lua for each algorithm whose state is fields: the
 	// common decision alone, by algorithm name.
-	Lean     map[string]*Script
-	Admin    *Script // admin.lua: every op on a limiter as a whole
-	InFlight *Script // inflight.lua: in-flight limits
+	Lean      map[string]*Script
+	Admin     *Script // admin.lua: every op on a limiter as a whole
+	InFlight  *Script // inflight.lua: in-flight limits
+	Heartbeat *Script // heartbeat.lua: degraded mode's count of live instances
 }
 
 // Assemble builds the scripts from files. A file missing, or a marker
@@ -82,10 +83,11 @@ func Assemble(files fs.FS) Scripts {
 		"common":       paste(lean, map[string]string{"lean_prelude": "", "lean_call": ""}),
 	})
 	scripts := Scripts{
-		Decide:   New("decide", Banner+header+inline(decide)),
-		Lean:     map[string]*Script{},
-		Admin:    New("admin", Banner+header+wire.LuaCatalog()+inline(paste(read("admin.lua"), map[string]string{"modules": modules.String()}))),
-		InFlight: New("inflight", Banner+wire.InFlightHeader()+read("tools.lua")+read("inflight.lua")),
+		Decide:    New("decide", Banner+header+inline(decide)),
+		Lean:      map[string]*Script{},
+		Admin:     New("admin", Banner+header+wire.LuaCatalog()+inline(paste(read("admin.lua"), map[string]string{"modules": modules.String()}))),
+		InFlight:  New("inflight", Banner+wire.InFlightHeader()+read("tools.lua")+read("inflight.lua")),
+		Heartbeat: New("heartbeat", Banner+wire.HeartbeatHeader()+read("heartbeat.lua")),
 	}
 	for _, a := range wire.Algorithms {
 		if !a.InConfig {
@@ -211,7 +213,7 @@ func (s *Script) commandAt(raw string) (line int, command string) {
 
 // All lists every script, the lean ones by algorithm name.
 func (s Scripts) All() []*Script {
-	all := []*Script{s.Decide, s.Admin, s.InFlight}
+	all := []*Script{s.Decide, s.Admin, s.InFlight, s.Heartbeat}
 	names := make([]string, 0, len(s.Lean))
 	for name := range s.Lean {
 		names = append(names, name)

@@ -71,9 +71,10 @@ func (r Rate) Shared(instances int64) Rate {
 // Decision is what Allow decided.
 type Decision struct {
 	Allowed   bool
-	Remaining int64 // the fewest permits any rate could grant now
-	Retry     int64 // µs until the request fits, 0 when allowed; -1: never (more than a rate's capacity)
-	Reset     int64 // µs until every rate is full again
+	Remaining int64   // the fewest permits any rate could grant now
+	Retry     int64   // µs until the request fits, 0 when allowed; -1: never (more than a rate's capacity)
+	Reset     int64   // µs until every rate is full again
+	Resets    []int64 // µs until each rate is full again, in order (several rates only)
 	// Bound is the rate that bound the answer: denied, the one with the
 	// longest wait (the first of equals; the first that can never grant
 	// it); allowed, the one with the fewest permits left (the first of
@@ -173,6 +174,9 @@ func (l *Limiter) Allow(now, permits int64) Decision {
 			}
 		}
 	}
+	if len(l.rates) > 1 {
+		d.Resets = make([]int64, len(l.rates))
+	}
 	for k, r := range l.rates {
 		remaining, reset := r.state(now)
 		if k == 0 || remaining < d.Remaining {
@@ -182,6 +186,9 @@ func (l *Limiter) Allow(now, permits int64) Decision {
 			}
 		}
 		d.Reset = max(d.Reset, reset)
+		if d.Resets != nil {
+			d.Resets[k] = reset
+		}
 	}
 	return d
 }
