@@ -18,14 +18,15 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-// readmeACL returns the rules of the README's ACL SETUSER line for the
-// library (prefix svc:): the least a limiter's Redis user needs.
+// readmeACL returns the rules of the ACL SETUSER line for the library
+// (prefix svc:) that docs/operations.md gives: the least a limiter's Redis
+// user needs.
 func readmeACL(t *testing.T) []string {
 	t.Helper()
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("docs/operations.md")
 	require.NoError(t, err)
 	m := regexp.MustCompile(`(?m)^ACL SETUSER svc-limiter (.*)$`).FindSubmatch(readme)
-	require.NotNil(t, m, "README.md holds the library's ACL SETUSER line")
+	require.NotNil(t, m, "docs/operations.md holds the library's ACL SETUSER line")
 	return strings.Fields(string(m[1]))
 }
 
@@ -97,10 +98,10 @@ func allScripts(t *testing.T) string {
 	return all.String()
 }
 
-// The README's ACL is enough for every operation, and each command it
-// allows is needed: without it some operation fails with ErrMisconfigured,
-// never with another error and never granting, and the error names the
-// command Redis refused.
+// The ACL of docs/operations.md is enough for every operation, and each
+// command it allows is needed: without it some operation fails with
+// ErrMisconfigured, never with another error and never granting, and the
+// error names the command Redis refused.
 func TestLeastPrivilegeACL(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
@@ -121,7 +122,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		return rdb
 	}
 
-	// The README names exactly the commands the scripts call.
+	// docs/operations.md names exactly the commands the scripts call.
 	var want []string
 	for _, m := range regexp.MustCompile(`redis\.p?call\('([A-Z]+)'`).FindAllStringSubmatch(allScripts(t), -1) {
 		want = append(want, "+"+strings.ToLower(m[1]))
@@ -134,10 +135,10 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		}
 	}
 	slices.Sort(want)
-	assert.Equal(t, slices.Compact(want), slices.Sorted(slices.Values(got)), "the README's ACL allows the commands the scripts call")
+	assert.Equal(t, slices.Compact(want), slices.Sorted(slices.Values(got)), "the documented ACL allows the commands the scripts call")
 
 	op, err := aclSweep(ctx, asUser(t, rules), "acl")
-	require.NoError(t, err, "with the README's ACL: %s", op)
+	require.NoError(t, err, "with the documented ACL: %s", op)
 
 	for i, r := range rules {
 		command, ok := strings.CutPrefix(r, "+")
@@ -147,7 +148,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		t.Run("without "+command, func(t *testing.T) {
 			less := append(append([]string{}, rules[:i]...), rules[i+1:]...)
 			op, err := aclSweep(ctx, asUser(t, less), "acl-"+strings.ReplaceAll(command, "|", "-"))
-			require.Error(t, err, "every operation passed without %s: the README asks for a command nothing uses", command)
+			require.Error(t, err, "every operation passed without %s: docs/operations.md asks for a command nothing uses", command)
 			assert.ErrorIs(t, err, ErrMisconfigured, "%s", op)
 			assert.False(t, errors.Is(err, ErrCorruptState), "%s: %v", op, err)
 			// Redis 6.2 names a subcommand's command only ('script').

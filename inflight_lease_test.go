@@ -216,9 +216,9 @@ func believes(h *Hold) bool {
 	}
 }
 
-// Two holders of an in-flight limit of 1, with the README's TTL of 30s: the
-// first is cut off from Redis (its refreshes hang), the second waits for
-// the slot. Holder 1 renewed at 10s (a refresh that succeeded), so Redis
+// Two holders of an in-flight limit of 1, with docs/inflight.md's TTL of
+// 30s: the first is cut off from Redis (its refreshes hang), the second
+// waits for the slot. Holder 1 renewed at 10s (a refresh that succeeded), so Redis
 // keeps its hold until 40s; its lease ends at 10s + 30s − (30s/10 + 2ms) =
 // 36.998s. Stepping the clock every 250ms and at each instant that counts:
 // holder 1 believes it holds until 36.998s and never after, though its

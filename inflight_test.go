@@ -987,10 +987,10 @@ func mostOverlapping(intervals [][2]int64) int {
 	return most
 }
 
-// The README's ACL is enough for every in-flight operation: the script
-// calls only commands the rate limiters' call too (TestLeastPrivilegeACL
-// checks that the README lists exactly those of every script, this one's
-// included).
+// The ACL of docs/operations.md is enough for every in-flight operation:
+// the script calls only commands the rate limiters' call too
+// (TestLeastPrivilegeACL checks that it lists exactly those of every
+// script, this one's included).
 func TestInFlightLeastPrivilegeACL(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)

@@ -15,7 +15,7 @@ import (
 )
 
 // Hostile tests of leased handles (lease.go), from a review that tried to
-// break what the bound at the top of lease.go, and README's Leases,
+// break what the bound at the top of lease.go, and docs/leases.md,
 // promise: each comment tells the failure the test found (all fixed since),
 // and the test asserts the promise.
 
@@ -108,7 +108,7 @@ func TestLeaseAttackRefundAfterReset(t *testing.T) {
 // Release: it kept denying, without asking Redis, for the whole RetryAfter
 // Redis gave (here an hour), though its lease time is a second.
 // WithLocalCache drops its denials on this Client's Reset, SetRate and
-// Release; README says SetRate reaches a leased handle within Time.
+// Release; docs/leases.md says SetRate reaches a leased handle within Time.
 func TestLeaseAttackDenialOutlivesOwnChanges(t *testing.T) {
 	for _, change := range []string{"reset", "setrate", "release"} {
 		t.Run(change, func(t *testing.T) {

@@ -97,7 +97,7 @@ func (c *countingLimiter) asked() []string {
 }
 
 // TestGRPCServicesUnlimited runs a real server with the reflection and
-// health services, keyed by an API key as the README's example: grpcurl's
+// health services, keyed by an API key as docs/middleware.md's example: grpcurl's
 // calls (reflection, no key) and health checks go through without a key and
 // spend nothing, while a service of the user's (grpc.testing.TestService) is
 // limited. WithLimitedGRPCServices limits them all.

@@ -91,7 +91,7 @@ func TestKeysFromMetadata(t *testing.T) {
 			mu.Lock()
 			given = append(given, key)
 			mu.Unlock()
-			// As the README writes it: the key part is the interceptor's to make safe.
+			// As docs/operations.md writes it: the key part is the interceptor's to make safe.
 			return client.FixedWindow("user:" + key).WithDefault(redlimit.PerMinute(2))
 		}
 		hooked := new(hookedErrors)

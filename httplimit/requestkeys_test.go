@@ -95,7 +95,7 @@ func TestKeysFromRequests(t *testing.T) {
 		var hooked []error
 		handler := httplimit.New(func(key string) *redlimit.Limiter {
 			given = append(given, key)
-			// As the README writes it: the key part is the middleware's to make safe.
+			// As docs/operations.md writes it: the key part is the middleware's to make safe.
 			return client.FixedWindow("user:" + key).WithDefault(redlimit.PerMinute(2))
 		}, httplimit.WithPolicy("per-user"), httplimit.WithKey(httplimit.Header("X-User")),
 			httplimit.WithErrorHook(func(_ *http.Request, err error) { hooked = append(hooked, err) }),

@@ -19,7 +19,7 @@ import (
 )
 
 // TestKeysFromRequestsOneSeries: limiters made per user from a header, as
-// the README makes them ("user:" + key), are one series however many users
+// docs/operations.md makes them ("user:" + key), are one series however many users
 // there are and whatever they send: braces that would make a hash tag or
 // an invalid name, control bytes, 100 KB.
 func TestKeysFromRequestsOneSeries(t *testing.T) {

@@ -13,25 +13,26 @@ import (
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
-// The README's ACL for the command is enough for every admin command, on
-// every algorithm, running on a default (ls finds it by its keys) and with a
-// stored config; and each command it adds to the library's is needed.
+// The ACL for the command (docs/operations.md) is enough for every admin
+// command, on every algorithm, running on a default (ls finds it by its
+// keys) and with a stored config; and each command it adds to the
+// library's is needed.
 func TestLeastPrivilegeACL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server and sweeps every admin command once per ACL command")
 	}
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile(`(?m)^ACL SETUSER svc-cli (.*)$`).FindSubmatch(readme)
 	if m == nil {
-		t.Fatal("README.md holds no `ACL SETUSER svc-cli` line")
+		t.Fatal("docs/operations.md holds no `ACL SETUSER svc-cli` line")
 	}
 	rules := strings.Fields(string(m[1]))
 	lib := regexp.MustCompile(`(?m)^ACL SETUSER svc-limiter (.*)$`).FindSubmatch(readme)
 	if lib == nil {
-		t.Fatal("README.md holds no `ACL SETUSER svc-limiter` line")
+		t.Fatal("docs/operations.md holds no `ACL SETUSER svc-limiter` line")
 	}
 	libRules := map[string]bool{}
 	for _, r := range strings.Fields(string(lib[1])) {
@@ -93,7 +94,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		return "", "", true
 	}
 	if op, out, ok := sweep(t, rules); !ok {
-		t.Fatalf("with the README's ACL, %s failed:\n%s", op, out)
+		t.Fatalf("with the documented ACL, %s failed:\n%s", op, out)
 	}
 	for i, r := range rules {
 		if !strings.HasPrefix(r, "+") || libRules[r] {
@@ -102,7 +103,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		t.Run("without "+r[1:], func(t *testing.T) {
 			less := append(append([]string{}, rules[:i]...), rules[i+1:]...)
 			if _, _, ok := sweep(t, less); ok {
-				t.Errorf("every admin command passed without %s: the README asks for a command the CLI does not use", r)
+				t.Errorf("every admin command passed without %s: docs/operations.md asks for a command the CLI does not use", r)
 			}
 		})
 	}

@@ -19,7 +19,7 @@ import (
 // turn its state into permits is not in Redis. get reads every key of its
 // layout (internal/wire) and says what each holds in the state's own terms:
 // times, counts, records. Only GET, HMGET, ZRANGE, TYPE and PTTL, as the
-// README's ACL for the command allows, and nothing is written.
+// command's ACL in docs/operations.md allows, and nothing is written.
 
 // heldJSON is what Redis holds for a limiter with no config stored.
 type heldJSON struct {

@@ -17,7 +17,7 @@ import (
 )
 
 // TestGetOnDefault: get on a limiter running on its handles' default (no
-// config stored, as the README recommends) says what Redis holds for it,
+// config stored, as docs/concepts.md recommends) says what Redis holds for it,
 // key by key, in the state's own terms, without the default: each
 // algorithm's state, Overall and PerClient, one rate and two, on a fixed
 // clock so that every number is exact (TTLs too on miniredis, whose clock
