@@ -19,7 +19,7 @@ import (
 // A hung Redis under a caller's deadline is an outage, not "no permit in
 // time": the error is both ErrUnavailable and the context's, and WithFailOpen
 // grants. ContextTimeoutEnabled makes go-redis give up at the deadline; without
-// it the call waits out ReadTimeout and its retries (see the README).
+// it the call waits out ReadTimeout and its retries (see docs/operations.md).
 func TestHangPastDeadline(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
