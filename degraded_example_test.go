@@ -53,7 +53,12 @@ func ExampleWithDegraded() {
 	fmt.Println("degraded:", client.DegradedState().Active)
 
 	_ = mr.Restart() // Redis is back, its data kept
-	time.Sleep(30 * time.Millisecond)
+	for { // peeks, which count nothing, until the breaker lets one through to Redis
+		if r, err := search.Allow(ctx, 0); err == nil && r.Reason == redlimit.ReasonLimit {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	show(search.Allow(ctx, 1))
 	fmt.Println("degraded:", client.DegradedState().Active)
 	// Output:

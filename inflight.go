@@ -105,7 +105,7 @@ const (
 
 // The in-flight script's ops, boxed once.
 var (
-	opAcquire, opRefresh, opHolders, opHoldRelease any = "acquire", "refresh", "holders", "release"
+	opAcquire, opRefresh, opHolders, opHoldRelease any = string(wire.OpAcquire), string(wire.OpRefresh), string(wire.OpHolders), string(wire.OpHoldRelease)
 	opGet, opSet, opTrySet, opDelete, opReset          = any(string(wire.OpGet)), any(string(wire.OpSet)), any(string(wire.OpTrySet)), any(string(wire.OpDelete)), any(string(wire.OpReset))
 	sourceDefault, sourceNew                           = string(wire.SourceDefault), string(wire.SourceNew)
 	inflightScript                                     = scripts.InFlight

@@ -1,8 +1,8 @@
 -- The admin script: the ops that read or change a limiter as a whole, one
 -- per call, for every algorithm, and the diagnosis of a config a decision
 -- refused. Before this file the assembler puts the contract's header
--- (internal/wire) and the algorithms' modules (MAKERS), as for
--- decide.lua.
+-- (internal/wire) and tools.lua's helpers; the algorithms' modules go
+-- where the marker below says, as in decide.lua.
 -- KEYS   a decision's whole key list (the limiter's key, the Overall state
 --        keys unless the state is fields, the registry, the request log,
 --        this client's state keys), then each other client's state keys,
@@ -11,14 +11,6 @@
 --        AD_VALUE, AD_CONFIG, AD_CLIENT_ID, AD_OTHERS …
 
 local MAX = 9007199254740992 -- 2^53
-
-local function fail(why)
-  error('REDLIMIT ' .. why, 0)
-end
-
-local function corrupt(key, what)
-  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
-end
 
 local MAKERS = {}
 --[[@modules]]
@@ -40,40 +32,18 @@ else
 end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
 
--- call runs a command on key and turns an error into a clear one naming the
--- key and the command (Redis before 7.2 names no command in an ACL refusal).
-local function call(key, command, ...)
-  local reply = redis.pcall(command, ...)
-  if type(reply) == 'table' and reply.err then
-    corrupt(key, reply.err .. ' (' .. command .. ')')
-  end
-  return reply
-end
-
--- integer parses a stored field: a whole number within [min, max], or nil when absent.
-local function integer(key, field, value, min, max)
-  if not value then
-    return nil
-  end
-  local n = tonumber(value)
-  if n == nil or n % 1 ~= 0 or n < min or n > max then
-    corrupt(key, 'field ' .. field .. ' = ' .. string.format('%q', value))
-  end
-  return n
-end
-
 -- stored_config makes a config of the hash's fields f (CONFIG_FIELDS' order,
 -- then the algorithm): every one is checked, as anything may have written
 -- them, and the first one found wrong is named.
 local function stored_config(f)
   local key = KEYS[1]
   local cfg = {
-    rate = integer(key, 'rate', f[1], 1, info.records and MAX_LOG_RATE or MAX),
-    interval = integer(key, 'interval', f[2], 1, MAX),
-    type = integer(key, 'type', f[3], 0, 1) or 0,
-    burst = integer(key, 'burst', f[4], 0, MAX) or 0,
-    buckets = integer(key, 'buckets', f[5], 0, MAX_BUCKETS) or 0,
-    keepalive = integer(key, 'keepAliveTime', f[6], 0, MAX) or 0,
+    rate = integer(key, F_RATE, f[1], 1, info.records and MAX_LOG_RATE or MAX),
+    interval = integer(key, F_INTERVAL, f[2], 1, MAX),
+    type = integer(key, F_TYPE, f[3], 0, 1) or 0,
+    burst = integer(key, F_BURST, f[4], 0, MAX) or 0,
+    buckets = integer(key, F_BUCKETS, f[5], 0, MAX_BUCKETS) or 0,
+    keepalive = integer(key, F_KEEPALIVETIME, f[6], 0, MAX) or 0,
   }
   if cfg.rate == nil or cfg.interval == nil then
     corrupt(key, 'rate or interval missing')
@@ -81,8 +51,8 @@ local function stored_config(f)
   if (cfg.buckets == 0 and DEFAULT_BUCKETS or cfg.buckets) > cfg.interval or cfg.rate > cfg.interval * 1000 then
     corrupt(key, 'rate or buckets too fine for the interval')
   end
-  if (f[9] or 'tokenbucket') ~= ALGORITHM then
-    fail(E_ALGORITHM .. ' ' .. key .. ' holds a ' .. (f[9] or 'tokenbucket') .. ' config, not ' .. ALGORITHM)
+  if (f[9] or UNNAMED_ALGORITHM) ~= ALGORITHM then
+    fail(E_ALGORITHM .. ' ' .. key .. ' holds a ' .. (f[9] or UNNAMED_ALGORITHM) .. ' config, not ' .. ALGORITHM)
   end
   if f[7] and f[7] ~= '' then
     local _, numbers = string.gsub(f[7], '%d+', '')
@@ -235,7 +205,7 @@ end
 -- state fails, as a decision refuses it: the ops that change a limiter
 -- change only their own algorithm's.
 local HASH_READ = { unpack(CONFIG_FIELDS) }
-HASH_READ[9], HASH_READ[10] = 'algorithm', 'shadow'
+HASH_READ[9], HASH_READ[10] = F_ALGORITHM, F_SHADOW
 for i, field in ipairs(STATE_FIELD_LIST) do HASH_READ[10 + i] = field end
 
 local function owned()
@@ -245,7 +215,7 @@ local function owned()
   local f = call(KEYS[1], 'HMGET', KEYS[1], unpack(HASH_READ))
   local config = f[1] or f[2] or f[9]
   -- State fields without a config: Throttle's funnel writes them.
-  local other = config and (f[9] or 'tokenbucket') or nil
+  local other = config and (f[9] or UNNAMED_ALGORITHM) or nil
   for i = 11, #HASH_READ do
     if other then break end
     if f[i] then
@@ -297,7 +267,7 @@ local function config()
   return cfg, old
 end
 
-if op == 'diagnose' then
+if op == OP_DIAGNOSE then
   config() -- raises what the decision found wrong
   corrupt(KEYS[1], 'config refused')
 end
@@ -367,12 +337,12 @@ local function delete_state()
 end
 
 local function write_config(cfg)
-  redis.call('HSET', KEYS[1], 'rate', cfg.rate, 'interval', cfg.interval, 'type', cfg.type,
-    'keepAliveTime', cfg.keepalive)
-  if ALGORITHM ~= 'tokenbucket' then
-    redis.call('HSET', KEYS[1], 'algorithm', ALGORITHM)
+  redis.call('HSET', KEYS[1], F_RATE, cfg.rate, F_INTERVAL, cfg.interval, F_TYPE, cfg.type,
+    F_KEEPALIVETIME, cfg.keepalive)
+  if ALGORITHM ~= UNNAMED_ALGORITHM then
+    redis.call('HSET', KEYS[1], F_ALGORITHM, ALGORITHM)
   end
-  for _, field in ipairs({ 'burst', 'buckets', 'more', 'calendar' }) do
+  for _, field in ipairs({ F_BURST, F_BUCKETS, F_MORE, F_CALENDAR }) do
     if cfg[field] == 0 or cfg[field] == nil then
       redis.call('HDEL', KEYS[1], field)
     else
@@ -401,12 +371,12 @@ local function cap_expiry(keys, ttl_ms)
   return math.min(any, 1)
 end
 
-if op == 'get' then
+if op == OP_GET then
   local cfg = read_config()
   if not cfg then return {} end
   return { cfg.rate, cfg.interval, cfg.type, cfg.burst, cfg.buckets, cfg.keepalive, cfg.more or '', cfg.calendar or '' }
 end
-if op == 'ttl' then
+if op == OP_TTL then
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl ~= -2 then return ttl end
   for _, key in ipairs(separate_state_keys()) do
@@ -414,7 +384,7 @@ if op == 'ttl' then
   end
   return ttl
 end
-if op == 'shadow' then
+if op == OP_SHADOW then
   -- Shadow mode is the stored config's: on (AD_VALUE 1), every instance's
   -- decisions on the limiter are made and counted as ever, and their
   -- callers granted whatever the limit says; off, they are enforced again.
@@ -422,16 +392,16 @@ if op == 'shadow' then
     fail(E_NOT_INITIALIZED .. ' ' .. KEYS[1])
   end
   if ARGV[AD_VALUE] == '1' then
-    redis.call('HSET', KEYS[1], 'shadow', '1')
+    redis.call('HSET', KEYS[1], F_SHADOW, '1')
   else
-    redis.call('HDEL', KEYS[1], 'shadow')
+    redis.call('HDEL', KEYS[1], F_SHADOW)
   end
   return 1
 end
-if op == 'clients' then
+if op == OP_CLIENTS then
   return call(KEYS[REGISTRY], 'ZRANGE', KEYS[REGISTRY], 0, -1)
 end
-if op == 'persist' then
+if op == OP_PERSIST then
   if not read_config() then
     return 0 -- state in the hash without a config expires when the limiter is full
   end
@@ -443,15 +413,15 @@ local missing = missing_clients()
 if #missing > 0 then
   return { REPLY_MISSING, missing }
 end
-if op == 'reset' then
+if op == OP_RESET then
   owned()
   delete_state()
   return 1
 end
-if op == 'delete' then
+if op == OP_DELETE then
   return math.min(1, redis.call('DEL', KEYS[1], KEYS[REGISTRY], KEYS[REQUESTS], unpack(separate_state_keys())))
 end
-if op == 'expire' then
+if op == OP_EXPIRE then
   owned()
   local keys = separate_state_keys()
   table.insert(keys, 1, KEYS[1])
@@ -459,9 +429,9 @@ if op == 'expire' then
   table.insert(keys, 3, KEYS[REQUESTS])
   return cap_expiry(keys, tonumber(ARGV[AD_VALUE]))
 end
-if op == 'set' or op == 'tryset' then
+if op == OP_SET or op == OP_TRYSET then
   local new, old = config()
-  if old and op == 'tryset' then
+  if old and op == OP_TRYSET then
     return 0
   end
   -- Check every state key before writing anything: bad state leaves all as it was.
@@ -489,10 +459,9 @@ if op == 'set' or op == 'tryset' then
   -- grant there, and a grant counted under other rates is never given back
   -- into these. A script re-sent across it may count twice: that only
   -- denies sooner.
-  local same = old
-  for _, field in ipairs({ 'rate', 'interval', 'type', 'burst', 'buckets', 'more', 'calendar' }) do
-    same = same and (old[field] or 0) == (new[field] or 0)
-  end
+  local same = old and old.rate == new.rate and old.interval == new.interval and old.type == new.type
+    and (old.burst or 0) == (new.burst or 0) and (old.buckets or 0) == (new.buckets or 0)
+    and (old.more or 0) == (new.more or 0) and (old.calendar or 0) == (new.calendar or 0)
   if not same then
     redis.call('DEL', KEYS[REQUESTS])
   end

@@ -140,18 +140,18 @@ end
 local function stored(f, alg)
   local rate, interval, kind, keepalive = tonumber(f[H_RATE]), tonumber(f[H_INTERVAL]),
       tonumber(f[H_TYPE] or 0), tonumber(f[H_KEEPALIVE] or 0)
-  if (f[H_ALGORITHM] or 'tokenbucket') ~= alg.NAME or not (kind and keepalive
+  if (f[H_ALGORITHM] or UNNAMED_ALGORITHM) ~= alg.NAME or not (kind and keepalive
         and kind % 1 + keepalive % 1 == 0 and (kind == 0 or kind == 1) and keepalive >= 0 and keepalive <= MAX
         and (not alg.RECORDS or rate and rate <= MAX_LOG_RATE)) then
     return nil
   end
   local burst, buckets, spec = 0, 0, nil
   local own = f[H_OWN]
-  if alg.OWN == 'burst' then
+  if alg.OWN == F_BURST then
     burst = tonumber(own or 0)
-  elseif alg.OWN == 'buckets' then
+  elseif alg.OWN == F_BUCKETS then
     buckets = tonumber(own or 0)
-  elseif alg.OWN == 'calendar' and own and own ~= '' then
+  elseif alg.OWN == F_CALENDAR and own and own ~= '' then
     spec = own
   end
   if not (burst and buckets) then

@@ -5,7 +5,7 @@
 -- or a flat state 'window count'; they expire with their window.
 -- A module of decide.lua: see there for what each function is given.
 
-local window = { FIELDS = { 'window', 'count' } }
+local window = {}
 
 function window.capacity(s)
   return s.rate

@@ -63,7 +63,7 @@ local function count(w, f, pe, pr, rate)
   end
 end
 
-local funnel = { FIELDS = { 'tat' } }
+local funnel = {}
 
 function funnel.capacity(s)
   return s.burst

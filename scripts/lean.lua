@@ -78,9 +78,9 @@ local function entry(m, key, default, fixed, batched)
     end
     local rate, interval, keepalive = tonumber(f[H_RATE]), tonumber(f[H_INTERVAL]), tonumber(f[H_KEEPALIVE] or 0)
     local own, burst, buckets = f[H_OWN], 0, 0
-    if m.OWN == 'burst' then burst = tonumber(own or 0) elseif m.OWN == 'buckets' then buckets = tonumber(own or 0) end
-    if (f[H_ALGORITHM] or 'tokenbucket') ~= m.NAME or (f[H_TYPE] or '0') ~= '0' or (f[H_MORE] or '') ~= ''
-        or m.OWN == 'calendar' and (own or '') ~= ''
+    if m.OWN == F_BURST then burst = tonumber(own or 0) elseif m.OWN == F_BUCKETS then buckets = tonumber(own or 0) end
+    if (f[H_ALGORITHM] or UNNAMED_ALGORITHM) ~= m.NAME or (f[H_TYPE] or '0') ~= '0' or (f[H_MORE] or '') ~= ''
+        or m.OWN == F_CALENDAR and (own or '') ~= ''
         or not (rate and interval and burst and buckets and keepalive and rate % 1 + interval % 1 + burst % 1 + buckets % 1 + keepalive % 1 == 0
           and rate >= 1 and interval >= 1 and interval <= MAX and rate <= interval * 1000 and burst >= 0 and burst <= MAX
           and buckets >= 0 and buckets <= MAX_BUCKETS and (buckets == 0 and DEFAULT_BUCKETS or buckets) <= interval

@@ -10,7 +10,7 @@
 -- window.
 -- A module of decide.lua: see there for what each function is given.
 
-local sliding = { FIELDS = { 'counts' } }
+local sliding = {}
 
 function sliding.capacity(s)
   return s.rate

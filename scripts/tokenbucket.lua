@@ -123,7 +123,7 @@ end
 -- the same server clock). A grant on a hot key then runs 4 commands fewer.
 local granted = {}
 
-local bucket = { FIELDS = {} }
+local bucket = {}
 
 function bucket.capacity(s)
   return s.rate
@@ -415,7 +415,7 @@ end
 -- interval, as the first rate's do (see the top): at most 65 records each.
 -- A rate's usage is its newest total less the total before its oldest
 -- record in the window: two lookups.
-local further = { FIELDS = {} }
+local further = {}
 
 -- running reads a record of the grants log whose member ends in tag: the
 -- running total of permits after it, and its own permits.

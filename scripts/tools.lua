@@ -1,8 +1,12 @@
--- The helpers of the in-flight script (internal/evalsha puts this file
--- before it).
+-- Helpers of the admin and in-flight scripts (internal/evalsha puts this
+-- file before each).
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
+end
+
+local function corrupt(key, what)
+  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
 end
 
 -- call runs a command on key and turns an error into a clear one naming the
@@ -10,7 +14,7 @@ end
 local function call(key, command, ...)
   local reply = redis.pcall(command, ...)
   if type(reply) == 'table' and reply.err then
-    fail('corrupt ' .. key .. ': ' .. reply.err .. ' (' .. command .. ')')
+    corrupt(key, reply.err .. ' (' .. command .. ')')
   end
   return reply
 end
@@ -22,7 +26,7 @@ local function integer(key, field, value, min, max)
   end
   local n = tonumber(value)
   if n == nil or n % 1 ~= 0 or n < min or n > max then
-    fail('corrupt ' .. key .. ': field ' .. field .. ' = ' .. string.format('%q', value))
+    corrupt(key, 'field ' .. field .. ' = ' .. string.format('%q', value))
   end
   return n
 end

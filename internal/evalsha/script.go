@@ -85,7 +85,7 @@ func Assemble(files fs.FS) Scripts {
 	scripts := Scripts{
 		Decide:    New("decide", Banner+header+inline(decide)),
 		Lean:      map[string]*Script{},
-		Admin:     New("admin", Banner+header+wire.LuaCatalog()+inline(paste(read("admin.lua"), map[string]string{"modules": modules.String()}))),
+		Admin:     New("admin", Banner+header+wire.LuaCatalog()+inline(read("tools.lua")+paste(read("admin.lua"), map[string]string{"modules": modules.String()}))),
 		InFlight:  New("inflight", Banner+wire.InFlightHeader()+read("tools.lua")+read("inflight.lua")),
 		Heartbeat: New("heartbeat", Banner+wire.HeartbeatHeader()+read("heartbeat.lua")),
 	}

@@ -136,10 +136,10 @@ func TestSlidingWindow(t *testing.T) {
 func TestRates(t *testing.T) {
 	l := newLimiter(t, "fixed_window", Rate{Rate: 2, IntervalMS: 1000}, Rate{Rate: 3, IntervalMS: 10_000})
 	run(t, l, []step{
-		{0, 2, Decision{Allowed: true, Remaining: 0, Reset: 10_000 * ms}},
-		{1000 * ms, 2, Decision{Remaining: 1, Retry: 9000 * ms, Reset: 9000 * ms, Bound: 1}},
-		{1000 * ms, 1, Decision{Allowed: true, Remaining: 0, Reset: 9000 * ms, Bound: 1}},
-		{2000 * ms, 3, Decision{Remaining: 0, Retry: -1, Reset: 8000 * ms, Bound: 0}},
+		{0, 2, Decision{Allowed: true, Remaining: 0, Reset: 10_000 * ms, Resets: []int64{1000 * ms, 10_000 * ms}}},
+		{1000 * ms, 2, Decision{Remaining: 1, Retry: 9000 * ms, Reset: 9000 * ms, Resets: []int64{0, 9000 * ms}, Bound: 1}},
+		{1000 * ms, 1, Decision{Allowed: true, Remaining: 0, Reset: 9000 * ms, Resets: []int64{1000 * ms, 9000 * ms}, Bound: 1}},
+		{2000 * ms, 3, Decision{Remaining: 0, Retry: -1, Reset: 8000 * ms, Resets: []int64{0, 8000 * ms}, Bound: 0}},
 	})
 	assert.Equal(t, int64(3), l.Capacity(1))
 }

@@ -29,7 +29,6 @@ const (
 	OpTTL      Op = "ttl"      // the config's PTTL, or the longest state key's
 	OpClients  Op = "clients"  // the registry's client ids
 	OpShadow   Op = "shadow"   // shadow mode on (Value 1) or off, in the stored config
-	OpInspect  Op = "inspect"  // what the limiter's keys hold (InspectReply)
 	OpDiagnose Op = "diagnose" // raise what a decision refused ('admin' reply)
 )
 

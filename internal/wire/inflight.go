@@ -9,6 +9,15 @@ const (
 	InFlightConfig            // "" or "source limit ttl-ms"
 )
 
+// The in-flight script's own ops; it shares get, set, tryset, reset and
+// delete (OpGet …) with the admin script.
+const (
+	OpAcquire     Op = "acquire" // take a slot for the hold, if one is free
+	OpRefresh     Op = "refresh" // renew the hold's expiry
+	OpHoldRelease Op = "release" // give the hold's slot back
+	OpHolders     Op = "holders" // the live holds and their expiries
+)
+
 // What the in-flight script says of a hold on a refresh or a release.
 const (
 	// HoldGone: not in Redis. Dropped by Reset or Delete, lost with Redis's

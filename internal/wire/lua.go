@@ -26,10 +26,16 @@ func Constants() []Constant {
 		num(name, int64(AdminAlgorithm+i))
 	}
 	num("REQUEST_HEAD", RequestHead)
-	str("OP_ALLOW", string(OpAllow))
-	str("OP_CHARGE", string(OpCharge))
-	str("OP_RESERVE", string(OpReserve))
-	str("OP_RELEASE", string(OpRelease))
+	for _, op := range []Op{OpAllow, OpCharge, OpReserve, OpRelease, OpGet, OpSet, OpTrySet, OpReset, OpDelete, OpExpire,
+		OpPersist, OpTTL, OpClients, OpShadow, OpDiagnose} {
+		str("OP_"+strings.ToUpper(string(op)), string(op))
+	}
+	for _, f := range []string{FieldRate, FieldInterval, FieldType, FieldKeepAlive, FieldAlgorithm, FieldMore, FieldShadow,
+		FieldBurst, FieldBuckets, FieldCalendar} {
+		str("F_"+strings.ToUpper(f), f)
+	}
+	// A config hash without an algorithm field is Redisson's: a token bucket's.
+	str("UNNAMED_ALGORITHM", TokenBucket.Name)
 	str("SOURCE_DEFAULT", string(SourceDefault))
 	str("SOURCE_STORED", string(SourceStored))
 	str("SOURCE_FIXED", string(SourceFixed))
@@ -161,14 +167,34 @@ func LuaStateFields() string {
 	return fmt.Sprintf("local function STATE_FIELDS() return %s end\n", strings.Join(quoted(StateFields()), ", "))
 }
 
-// InFlightHeader declares the in-flight script's contract.
+// InFlightHeader declares the in-flight script's contract, and how it
+// reads the config hash: its own fields, then what a rate limiter of the
+// same name would have left there (a config's fields, each in-config
+// algorithm's first state field), so that it names that owner.
 func InFlightHeader() string {
+	fields := []string{FieldLimit, FieldTTL, FieldAlgorithm, FieldRate, FieldInterval}
+	var owners []string
+	for _, a := range Algorithms {
+		if a.InConfig {
+			fields = append(fields, a.Fields[0])
+			owners = append(owners, fmt.Sprintf("f[%d] and %s", len(fields), q(a.Name)))
+		}
+	}
 	return fmt.Sprintf("-- The contract, declared by internal/wire.\n"+
 		"local OP, NOW, HOLD, CONFIG = %d, %d, %d, %d -- ARGV's\n"+
 		"local ALGORITHM, MAX_LIMIT, MIN_TTL, MAX_TTL = %s, %d, %d, %d\n"+
-		"local GONE, HELD, EXPIRED = %d, %d, %d -- a hold's state, as refresh and release reply\n",
+		"local GONE, HELD, EXPIRED = %d, %d, %d -- a hold's state, as refresh and release reply\n"+
+		"local E_CORRUPT, F_LIMIT, F_TTL, F_ALGORITHM, UNNAMED_ALGORITHM = %s, %s, %s, %s, %s\n"+
+		"local OP_ACQUIRE, OP_REFRESH, OP_RELEASE, OP_HOLDERS = %s, %s, %s, %s\n"+
+		"local OP_GET, OP_SET, OP_TRYSET, OP_RESET, OP_DELETE = %s, %s, %s, %s, %s\n"+
+		"-- read_config reads the config hash: limit, ttl, algorithm, a rate config's rate and interval, then\n"+
+		"-- each in-config algorithm's first state field; state_owner names the algorithm whose state it found.\n"+
+		"local function read_config(key) return redis.pcall('HMGET', key, %s) end\n"+
+		"local function state_owner(f) return %s end\n",
 		InFlightOp, InFlightNow, InFlightHold, InFlightConfig, q(InFlightAlgorithm), MaxInFlightLimit, MinTTLMS, MaxTTLMS,
-		HoldGone, HoldHeld, HoldExpired)
+		HoldGone, HoldHeld, HoldExpired, q(KindCorrupt), q(FieldLimit), q(FieldTTL), q(FieldAlgorithm), q(TokenBucket.Name),
+		q(OpAcquire), q(OpRefresh), q(OpHoldRelease), q(OpHolders), q(OpGet), q(OpSet), q(OpTrySet), q(OpReset), q(OpDelete),
+		strings.Join(quoted(fields), ", "), strings.Join(owners, " or "))
 }
 
 // q quotes s as a Lua string.

@@ -3,18 +3,23 @@
 -- A_NOW = 1 A_PERMITS = 2 A_CONFIG = 3 A_CALENDAR = 4 A_ID = 5 A_LOG_WINDOW = 6 A_CLIENT_ID = 7
 -- A_LEAST = 8 A_GRANT_AT = 9 A_GRANT_SIZE = 10 AD_ALGORITHM = 1 AD_OP = 2 AD_NOW = 3 AD_VALUE = 4
 -- AD_CONFIG = 5 AD_CLIENT_ID = 6 AD_OTHERS = 7 REQUEST_HEAD = 4 OP_ALLOW = 'allow'
--- OP_CHARGE = 'charge' OP_RESERVE = 'reserve' OP_RELEASE = 'release' SOURCE_DEFAULT = 'default'
--- SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new' BYTE_SOURCE_DEFAULT = 100
--- BYTE_SOURCE_FIXED = 102 CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$'
--- H_RATE = 1 H_INTERVAL = 2 H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7
--- H_OWN = 8 MAX_RATES = 4 DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496
--- MAX_LOG_RATE = 4294967295 REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd'
--- REPLY_PERCLIENT = 'perclient' REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin'
--- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
--- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
--- E_PERMITS = 'permits' E_CORRUPT = 'corrupt' FRAME_ALL = 'all' OP_CHECK = 'check'
--- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6 OP_SETTLE = 'settle' SETTLED_BEFORE = -1 A_TIMEOUT = 11
--- A_NEXT = 12 A_MAX_DEBT = 13
+-- OP_CHARGE = 'charge' OP_RESERVE = 'reserve' OP_RELEASE = 'release' OP_GET = 'get' OP_SET = 'set'
+-- OP_TRYSET = 'tryset' OP_RESET = 'reset' OP_DELETE = 'delete' OP_EXPIRE = 'expire'
+-- OP_PERSIST = 'persist' OP_TTL = 'ttl' OP_CLIENTS = 'clients' OP_SHADOW = 'shadow'
+-- OP_DIAGNOSE = 'diagnose' F_RATE = 'rate' F_INTERVAL = 'interval' F_TYPE = 'type'
+-- F_KEEPALIVETIME = 'keepAliveTime' F_ALGORITHM = 'algorithm' F_MORE = 'more' F_SHADOW = 'shadow'
+-- F_BURST = 'burst' F_BUCKETS = 'buckets' F_CALENDAR = 'calendar' UNNAMED_ALGORITHM = 'tokenbucket'
+-- SOURCE_DEFAULT = 'default' SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new'
+-- BYTE_SOURCE_DEFAULT = 100 BYTE_SOURCE_FIXED = 102
+-- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$' H_RATE = 1 H_INTERVAL = 2
+-- H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
+-- DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496 MAX_LOG_RATE = 4294967295
+-- REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd' REPLY_PERCLIENT = 'perclient'
+-- REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin' REPLY_MISSING = 'missing'
+-- REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d' E_NOT_INITIALIZED = 'not initialized'
+-- E_ALGORITHM = 'algorithm' E_CLOCK = 'clock' E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
+-- FRAME_ALL = 'all' OP_CHECK = 'check' BYTE_ALL_SHADOW = 115 POS_SHADOW = 6 OP_SETTLE = 'settle'
+-- SETTLED_BEFORE = -1 A_TIMEOUT = 11 A_NEXT = 12 A_MAX_DEBT = 13
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
@@ -37,19 +42,8 @@ local ALGORITHMS = {
   fixed_window = { name = 'fixed_window', in_config = true, records = false, calendar = true, state = { 'window' }, fields = { 'window', 'count' }, types = { 'hash' }, registry = 2, requests = 3 },
   sliding_window = { name = 'sliding_window', in_config = true, records = false, calendar = false, state = { 'buckets' }, fields = { 'counts' }, types = { 'hash' }, registry = 2, requests = 3 },
 }
--- The admin script: the ops that read or change a limiter as a whole, one
--- per call, for every algorithm, and the diagnosis of a config a decision
--- refused. Before this file the assembler puts the contract's header
--- (internal/wire) and the algorithms' modules (MAKERS), as for
--- decide.lua.
--- KEYS   a decision's whole key list (the limiter's key, the Overall state
---        keys unless the state is fields, the registry, the request log,
---        this client's state keys), then each other client's state keys,
---        in AD_OTHERS' order
--- ARGV   internal/wire's admin arguments: AD_ALGORITHM, AD_OP, AD_NOW,
---        AD_VALUE, AD_CONFIG, AD_CLIENT_ID, AD_OTHERS …
-
-local MAX = 9007199254740992 -- 2^53
+-- Helpers of the admin and in-flight scripts (internal/evalsha puts this
+-- file before each).
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
@@ -58,6 +52,41 @@ end
 local function corrupt(key, what)
   fail('corrupt' .. ' ' .. key .. ': ' .. what)
 end
+
+-- call runs a command on key and turns an error into a clear one naming the
+-- key and the command (Redis before 7.2 names no command in an ACL refusal).
+local function call(key, command, ...)
+  local reply = redis.pcall(command, ...)
+  if type(reply) == 'table' and reply.err then
+    corrupt(key, reply.err .. ' (' .. command .. ')')
+  end
+  return reply
+end
+
+-- integer parses a stored field: a whole number within [min, max], or nil when absent.
+local function integer(key, field, value, min, max)
+  if not value then
+    return nil
+  end
+  local n = tonumber(value)
+  if n == nil or n % 1 ~= 0 or n < min or n > max then
+    corrupt(key, 'field ' .. field .. ' = ' .. string.format('%q', value))
+  end
+  return n
+end
+-- The admin script: the ops that read or change a limiter as a whole, one
+-- per call, for every algorithm, and the diagnosis of a config a decision
+-- refused. Before this file the assembler puts the contract's header
+-- (internal/wire) and tools.lua's helpers; the algorithms' modules go
+-- where the marker below says, as in decide.lua.
+-- KEYS   a decision's whole key list (the limiter's key, the Overall state
+--        keys unless the state is fields, the registry, the request log,
+--        this client's state keys), then each other client's state keys,
+--        in AD_OTHERS' order
+-- ARGV   internal/wire's admin arguments: AD_ALGORITHM, AD_OP, AD_NOW,
+--        AD_VALUE, AD_CONFIG, AD_CLIENT_ID, AD_OTHERS …
+
+local MAX = 9007199254740992 -- 2^53
 
 local MAKERS = {}
 MAKERS["tokenbucket"] = function()
@@ -187,7 +216,7 @@ end
 -- the same server clock). A grant on a hot key then runs 4 commands fewer.
 local granted = {}
 
-local bucket = { FIELDS = {} }
+local bucket = {}
 
 function bucket.capacity(s)
   return s.rate
@@ -479,7 +508,7 @@ end
 -- interval, as the first rate's do (see the top): at most 65 records each.
 -- A rate's usage is its newest total less the total before its oldest
 -- record in the window: two lookups.
-local further = { FIELDS = {} }
+local further = {}
 
 -- running reads a record of the grants log whose member ends in tag: the
 -- running total of permits after it, and its own permits.
@@ -713,7 +742,7 @@ local function count(w, f, pe, pr, rate)
   end
 end
 
-local funnel = { FIELDS = { 'tat' } }
+local funnel = {}
 
 function funnel.capacity(s)
   return s.burst
@@ -877,7 +906,7 @@ local m = (function()
 -- or a flat state 'window count'; they expire with their window.
 -- A module of decide.lua: see there for what each function is given.
 
-local window = { FIELDS = { 'window', 'count' } }
+local window = {}
 
 function window.capacity(s)
   return s.rate
@@ -1013,7 +1042,7 @@ local m = (function()
 -- window.
 -- A module of decide.lua: see there for what each function is given.
 
-local sliding = { FIELDS = { 'counts' } }
+local sliding = {}
 
 function sliding.capacity(s)
   return s.rate
@@ -1228,28 +1257,6 @@ else
   NOW_US = ARGV[3] + 0
 end
 local NOW_MS = (NOW_US - NOW_US % 1000) / 1000
-
--- call runs a command on key and turns an error into a clear one naming the
--- key and the command (Redis before 7.2 names no command in an ACL refusal).
-local function call(key, command, ...)
-  local reply = redis.pcall(command, ...)
-  if type(reply) == 'table' and reply.err then
-    corrupt(key, reply.err .. ' (' .. command .. ')')
-  end
-  return reply
-end
-
--- integer parses a stored field: a whole number within [min, max], or nil when absent.
-local function integer(key, field, value, min, max)
-  if not value then
-    return nil
-  end
-  local n = tonumber(value)
-  if n == nil or n % 1 ~= 0 or n < min or n > max then
-    corrupt(key, 'field ' .. field .. ' = ' .. string.format('%q', value))
-  end
-  return n
-end
 
 -- stored_config makes a config of the hash's fields f (CONFIG_FIELDS' order,
 -- then the algorithm): every one is checked, as anything may have written
@@ -1678,10 +1685,9 @@ if op == 'set' or op == 'tryset' then
   -- grant there, and a grant counted under other rates is never given back
   -- into these. A script re-sent across it may count twice: that only
   -- denies sooner.
-  local same = old
-  for _, field in ipairs({ 'rate', 'interval', 'type', 'burst', 'buckets', 'more', 'calendar' }) do
-    same = same and (old[field] or 0) == (new[field] or 0)
-  end
+  local same = old and old.rate == new.rate and old.interval == new.interval and old.type == new.type
+    and (old.burst or 0) == (new.burst or 0) and (old.buckets or 0) == (new.buckets or 0)
+    and (old.more or 0) == (new.more or 0) and (old.calendar or 0) == (new.calendar or 0)
   if not same then
     redis.call('DEL', KEYS[REQUESTS])
   end

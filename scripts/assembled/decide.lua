@@ -3,18 +3,23 @@
 -- A_NOW = 1 A_PERMITS = 2 A_CONFIG = 3 A_CALENDAR = 4 A_ID = 5 A_LOG_WINDOW = 6 A_CLIENT_ID = 7
 -- A_LEAST = 8 A_GRANT_AT = 9 A_GRANT_SIZE = 10 AD_ALGORITHM = 1 AD_OP = 2 AD_NOW = 3 AD_VALUE = 4
 -- AD_CONFIG = 5 AD_CLIENT_ID = 6 AD_OTHERS = 7 REQUEST_HEAD = 4 OP_ALLOW = 'allow'
--- OP_CHARGE = 'charge' OP_RESERVE = 'reserve' OP_RELEASE = 'release' SOURCE_DEFAULT = 'default'
--- SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new' BYTE_SOURCE_DEFAULT = 100
--- BYTE_SOURCE_FIXED = 102 CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$'
--- H_RATE = 1 H_INTERVAL = 2 H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7
--- H_OWN = 8 MAX_RATES = 4 DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496
--- MAX_LOG_RATE = 4294967295 REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd'
--- REPLY_PERCLIENT = 'perclient' REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin'
--- REPLY_MISSING = 'missing' REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d'
--- E_NOT_INITIALIZED = 'not initialized' E_ALGORITHM = 'algorithm' E_CLOCK = 'clock'
--- E_PERMITS = 'permits' E_CORRUPT = 'corrupt' FRAME_ALL = 'all' OP_CHECK = 'check'
--- BYTE_ALL_SHADOW = 115 POS_SHADOW = 6 OP_SETTLE = 'settle' SETTLED_BEFORE = -1 A_TIMEOUT = 11
--- A_NEXT = 12 A_MAX_DEBT = 13
+-- OP_CHARGE = 'charge' OP_RESERVE = 'reserve' OP_RELEASE = 'release' OP_GET = 'get' OP_SET = 'set'
+-- OP_TRYSET = 'tryset' OP_RESET = 'reset' OP_DELETE = 'delete' OP_EXPIRE = 'expire'
+-- OP_PERSIST = 'persist' OP_TTL = 'ttl' OP_CLIENTS = 'clients' OP_SHADOW = 'shadow'
+-- OP_DIAGNOSE = 'diagnose' F_RATE = 'rate' F_INTERVAL = 'interval' F_TYPE = 'type'
+-- F_KEEPALIVETIME = 'keepAliveTime' F_ALGORITHM = 'algorithm' F_MORE = 'more' F_SHADOW = 'shadow'
+-- F_BURST = 'burst' F_BUCKETS = 'buckets' F_CALENDAR = 'calendar' UNNAMED_ALGORITHM = 'tokenbucket'
+-- SOURCE_DEFAULT = 'default' SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new'
+-- BYTE_SOURCE_DEFAULT = 100 BYTE_SOURCE_FIXED = 102
+-- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$' H_RATE = 1 H_INTERVAL = 2
+-- H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
+-- DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496 MAX_LOG_RATE = 4294967295
+-- REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd' REPLY_PERCLIENT = 'perclient'
+-- REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin' REPLY_MISSING = 'missing'
+-- REPLY_FULL_SCRIPT = 'full' RESERVE_TAIL = ' @%d %d %d' E_NOT_INITIALIZED = 'not initialized'
+-- E_ALGORITHM = 'algorithm' E_CLOCK = 'clock' E_PERMITS = 'permits' E_CORRUPT = 'corrupt'
+-- FRAME_ALL = 'all' OP_CHECK = 'check' BYTE_ALL_SHADOW = 115 POS_SHADOW = 6 OP_SETTLE = 'settle'
+-- SETTLED_BEFORE = -1 A_TIMEOUT = 11 A_NEXT = 12 A_MAX_DEBT = 13
 local function reply_full(kind, allowed, limit, remaining, retry, reset, window, shadow, bound, more)
   if more then
     return string.format('%s %d %d %d %d %d %d %d %d ', kind, allowed, limit, remaining, retry, reset, window, shadow, bound) .. more
@@ -217,7 +222,7 @@ end
 -- the same server clock). A grant on a hot key then runs 4 commands fewer.
 local granted = {}
 
-local bucket = { FIELDS = {} }
+local bucket = {}
 
 function bucket.capacity(s)
   return s.rate
@@ -509,7 +514,7 @@ end
 -- interval, as the first rate's do (see the top): at most 65 records each.
 -- A rate's usage is its newest total less the total before its oldest
 -- record in the window: two lookups.
-local further = { FIELDS = {} }
+local further = {}
 
 -- running reads a record of the grants log whose member ends in tag: the
 -- running total of permits after it, and its own permits.
@@ -743,7 +748,7 @@ local function count(w, f, pe, pr, rate)
   end
 end
 
-local funnel = { FIELDS = { 'tat' } }
+local funnel = {}
 
 function funnel.capacity(s)
   return s.burst
@@ -907,7 +912,7 @@ local m = (function()
 -- or a flat state 'window count'; they expire with their window.
 -- A module of decide.lua: see there for what each function is given.
 
-local window = { FIELDS = { 'window', 'count' } }
+local window = {}
 
 function window.capacity(s)
   return s.rate
@@ -1043,7 +1048,7 @@ local m = (function()
 -- window.
 -- A module of decide.lua: see there for what each function is given.
 
-local sliding = { FIELDS = { 'counts' } }
+local sliding = {}
 
 function sliding.capacity(s)
   return s.rate

@@ -3,11 +3,22 @@
 local OP, NOW, HOLD, CONFIG = 1, 2, 3, 4 -- ARGV's
 local ALGORITHM, MAX_LIMIT, MIN_TTL, MAX_TTL = 'inflight', 100000, 10, 315360000000
 local GONE, HELD, EXPIRED = 0, 1, 2 -- a hold's state, as refresh and release reply
--- The helpers of the in-flight script (internal/evalsha puts this file
--- before it).
+local E_CORRUPT, F_LIMIT, F_TTL, F_ALGORITHM, UNNAMED_ALGORITHM = 'corrupt', 'limit', 'ttl', 'algorithm', 'tokenbucket'
+local OP_ACQUIRE, OP_REFRESH, OP_RELEASE, OP_HOLDERS = 'acquire', 'refresh', 'release', 'holders'
+local OP_GET, OP_SET, OP_TRYSET, OP_RESET, OP_DELETE = 'get', 'set', 'tryset', 'reset', 'delete'
+-- read_config reads the config hash: limit, ttl, algorithm, a rate config's rate and interval, then
+-- each in-config algorithm's first state field; state_owner names the algorithm whose state it found.
+local function read_config(key) return redis.pcall('HMGET', key, 'limit', 'ttl', 'algorithm', 'rate', 'interval', 'tat', 'window', 'counts') end
+local function state_owner(f) return f[6] and 'funnel' or f[7] and 'fixed_window' or f[8] and 'sliding_window' end
+-- Helpers of the admin and in-flight scripts (internal/evalsha puts this
+-- file before each).
 
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
+end
+
+local function corrupt(key, what)
+  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
 end
 
 -- call runs a command on key and turns an error into a clear one naming the
@@ -15,7 +26,7 @@ end
 local function call(key, command, ...)
   local reply = redis.pcall(command, ...)
   if type(reply) == 'table' and reply.err then
-    fail('corrupt ' .. key .. ': ' .. reply.err .. ' (' .. command .. ')')
+    corrupt(key, reply.err .. ' (' .. command .. ')')
   end
   return reply
 end
@@ -27,7 +38,7 @@ local function integer(key, field, value, min, max)
   end
   local n = tonumber(value)
   if n == nil or n % 1 ~= 0 or n < min or n > max then
-    fail('corrupt ' .. key .. ': field ' .. field .. ' = ' .. string.format('%q', value))
+    corrupt(key, 'field ' .. field .. ' = ' .. string.format('%q', value))
   end
   return n
 end
@@ -87,28 +98,28 @@ local op, CONF, HOLDS, id = ARGV[OP], KEYS[1], KEYS[2], ARGV[HOLD]
 -- state in the hash, or a flat state or marker in a string) is a mismatch,
 -- never counted or overwritten. It returns the stored limit and ttl, or nil.
 local function config()
-  local f = redis.pcall('HMGET', CONF, 'limit', 'ttl', 'algorithm', 'rate', 'interval', 'tat', 'window', 'counts')
+  local f = read_config(CONF)
   if f.err then
     if call(CONF, 'TYPE', CONF).ok == 'string' then
       fail('algorithm ' .. CONF .. " holds a rate limiter's state, not " .. ALGORITHM)
     end
-    fail('corrupt ' .. CONF .. ': ' .. f.err)
+    corrupt(CONF, f.err)
   end
-  local other = f[3] or (f[4] or f[5]) and 'tokenbucket' or f[6] and 'funnel' or f[7] and 'fixed_window'
-      or f[8] and 'sliding_window'
+  -- A config without an algorithm field is Redisson's: a token bucket's.
+  local other = f[3] or (f[4] or f[5]) and UNNAMED_ALGORITHM or state_owner(f)
   if other and other ~= ALGORITHM then
     local what = (f[3] or f[4] or f[5]) and ' config' or ' state'
     fail('algorithm ' .. CONF .. ' holds a ' .. other .. what .. ', not ' .. ALGORITHM)
   end
   if not f[3] then
     if f[1] or f[2] then
-      fail('corrupt ' .. CONF .. ': limit or ttl without algorithm')
+      corrupt(CONF, 'limit or ttl without algorithm')
     end
     return nil
   end
-  local limit, ttl = integer(CONF, 'limit', f[1], 1, MAX_LIMIT), integer(CONF, 'ttl', f[2], MIN_TTL, MAX_TTL)
+  local limit, ttl = integer(CONF, F_LIMIT, f[1], 1, MAX_LIMIT), integer(CONF, F_TTL, f[2], MIN_TTL, MAX_TTL)
   if not limit or not ttl then
-    fail('corrupt ' .. CONF .. ': limit or ttl missing')
+    corrupt(CONF, 'limit or ttl missing')
   end
   return limit, ttl
 end
@@ -151,7 +162,7 @@ local function hold(ttl, current)
   end
 end
 
-if op == 'acquire' then
+if op == OP_ACQUIRE then
   local limit, ttl = in_force()
   call(HOLDS, 'ZREMRANGEBYSCORE', HOLDS, '-inf', NOW_MS)
   -- Full when the limit-th hold exists. A re-sent script finds its own id
@@ -163,7 +174,7 @@ if op == 'acquire' then
   end
   hold(ttl, mine)
   return { 1, ttl, limit }
-elseif op == 'refresh' then
+elseif op == OP_REFRESH then
   -- Read before the sweep takes it: a hold that expired is told apart from
   -- one that is not there at all.
   local expiry = tonumber(call(HOLDS, 'ZSCORE', HOLDS, id))
@@ -182,7 +193,7 @@ elseif op == 'refresh' then
   end
   hold(ttl, expiry)
   return { HELD, ttl }
-elseif op == 'release' then
+elseif op == OP_RELEASE then
   -- A hold released in time stays as a tombstone, score -1, which counts
   -- for nothing (it has expired) and goes with the next acquire's sweep: a
   -- re-sent release finds it, and answers as the first run did.
@@ -197,31 +208,31 @@ elseif op == 'release' then
   end
   call(HOLDS, 'ZADD', HOLDS, -1, id)
   return HELD
-elseif op == 'holders' then
+elseif op == OP_HOLDERS then
   local live = call(HOLDS, 'ZRANGEBYSCORE', HOLDS, '(' .. string.format('%d', NOW_MS), '+inf', 'WITHSCORES',
     'LIMIT', 0, MAX_LIMIT)
   for i = 2, #live, 2 do
     live[i] = tonumber(live[i]) - NOW_MS
   end
   return live
-elseif op == 'get' then
+elseif op == OP_GET then
   local limit, ttl = config()
   if not limit then
     return {}
   end
   return { limit, ttl }
-elseif op == 'set' or op == 'tryset' then
+elseif op == OP_SET or op == OP_TRYSET then
   local stored = config()
-  if stored and op == 'tryset' then
+  if stored and op == OP_TRYSET then
     return 0
   end
   local limit, ttl = given()
-  call(CONF, 'HSET', CONF, 'limit', limit, 'ttl', ttl, 'algorithm', ALGORITHM)
+  call(CONF, 'HSET', CONF, F_LIMIT, limit, F_TTL, ttl, F_ALGORITHM, ALGORITHM)
   return 1
-elseif op == 'reset' then
+elseif op == OP_RESET then
   config() -- nor to drop holds of
   return call(HOLDS, 'DEL', HOLDS)
-elseif op == 'delete' then
+elseif op == OP_DELETE then
   config() -- another algorithm's keys are not this handle's to delete
   return call(CONF, 'DEL', CONF, HOLDS) > 0 and 1 or 0
 end
