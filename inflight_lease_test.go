@@ -184,8 +184,8 @@ func (h *hangingRefreshes) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 		}
 		select {
 		case <-h.ended:
-			cmd.SetErr(hung)
-			return hung
+			cmd.SetErr(errHung)
+			return errHung
 		case e := <-h.let:
 			switch {
 			case e != nil:
@@ -202,8 +202,8 @@ func (h *hangingRefreshes) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 	}
 }
 
-// hung is a network failure for hangingRefreshes to end a held call with.
-var hung = errors.New("i/o timeout (the test's)")
+// errHung is a network failure for hangingRefreshes to end a held call with.
+var errHung = errors.New("i/o timeout (the test's)")
 
 // believes reports whether h's holder believes it holds: neither Err nor
 // Lost says otherwise.
@@ -297,7 +297,7 @@ func TestInFlightLeaseTwoHolders(t *testing.T) {
 				assert.ErrorIs(t, h1.Err(), ErrHoldLost)
 				t.Logf("holder 1: %v", h1.Err())
 				if !ran {
-					hang.letGo(t, hung) // the hung refresh fails at last
+					hang.letGo(t, errHung) // the hung refresh fails at last
 				}
 				tc.Settle()
 				assert.ErrorIs(t, h1.Release(ctx), ErrHoldLost)
@@ -403,7 +403,7 @@ func TestInFlightLeaseFollowsTTLChanges(t *testing.T) {
 		denied(t, other, 6002*time.Millisecond)
 		tc.To(epoch.Add(70 * time.Second))
 		tryHold(t, other)
-		hang.letGo(t, hung)
+		hang.letGo(t, errHung)
 		tc.Settle()
 	})
 }
