@@ -150,7 +150,7 @@ type degraded struct {
 	transport *evalsha.Transport
 	now       func() time.Time // the Client's WithClock, or nil for Redis TIME
 	key       string           // wire.HeartbeatKey
-	member    string           // this instance in it: its client id, a space, 16 hex digits
+	member    string           // this instance in it (wire.HeartbeatMemberOf)
 	clientID  string
 	// What the heartbeats Redis answered counted (see DegradedState), and
 	// when the latest was sent (ns).
@@ -176,7 +176,7 @@ func (d *degraded) start(c *Client) {
 		return
 	}
 	d.transport, d.now, d.clientID = c.transport, c.now, c.clientID
-	d.key, d.member = wire.HeartbeatKey(c.prefix), c.clientID+" "+randomHex(8)
+	d.key, d.member = wire.HeartbeatKey(c.prefix), wire.HeartbeatMemberOf(c.clientID, randomHex(wire.HeartbeatTagLen/2))
 	d.first = make(chan struct{})
 	stop := make(chan struct{})
 	d.stop = sync.OnceFunc(func() { close(stop) })

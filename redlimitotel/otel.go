@@ -27,17 +27,20 @@ const ScopeName = "github.com/redlimit/redlimit/redlimitotel"
 // The instruments and their attributes.
 const (
 	DecisionsName = "redlimit.decisions"         // counter, {decision}
-	DurationName  = "redlimit.decision.duration" // histogram, seconds: a round trip to Redis, or a local decision (see ReasonKey)
+	DurationName  = "redlimit.decision.duration" // histogram, seconds: a round trip to Redis (or its attempt), or a local decision (see ReasonKey)
 
 	LimiterKey   = attribute.Key("redlimit.limiter")   // the limiter's name without its key (see LimiterBase)
 	AlgorithmKey = attribute.Key("redlimit.algorithm") // tokenbucket, funnel, fixed_window, sliding_window, inflight
 	OutcomeKey   = attribute.Key("redlimit.outcome")   // allowed, denied, error, or shadow_denied: granted in shadow mode, denied by the limit
 	// ReasonKey is what decided (redlimit.Reason's String): limit (Redis; also
-	// an error's, unless granted open), shadow (shadow mode granted what the
-	// limit denied), fail-open (granted while Redis could not decide: outcome
-	// error), both after a round trip or its attempt; lease (the handle's
-	// leased block) and cache (a denial cached by WithLocalCache), both
-	// local, without one.
+	// an error's, unless granted open or degraded), shadow (shadow mode
+	// granted what the limit denied), fail-open (granted while Redis could
+	// not decide: outcome error), all after a round trip or its attempt;
+	// degraded (decided locally, within this instance's share, what Redis
+	// could not decide: WithDegraded), after the attempt, whose error the
+	// caller is spared, so its outcome is the local decision's (allowed,
+	// denied, shadow_denied), not error; lease (the handle's leased block) and
+	// cache (a denial cached by WithLocalCache), both local, without one.
 	ReasonKey = attribute.Key("redlimit.reason")
 )
 
@@ -112,24 +115,30 @@ func LimiterBase(name string) string {
 // WithFullLimiterName), algorithm, outcome and reason: a few time series
 // however many clients have a limiter of their own. The reason tells the
 // decisions that waited for Redis from those a lease or the local cache made
-// in microseconds, which would otherwise blur the latency of both. A nil
-// provider is the global one (otel.GetMeterProvider).
+// in microseconds, which would otherwise blur the latency of both, and those
+// degraded mode made when Redis could not (DegradedMetrics adds its state).
+// A nil provider is the global one (otel.GetMeterProvider).
 func Observer(provider metric.MeterProvider, opts ...Option) (func(redlimit.Decision), error) {
 	meter, cfg := meterOf(provider, opts)
 	decisions, err1 := meter.Int64Counter(DecisionsName,
 		metric.WithDescription("Rate-limit decisions made by redlimit."),
 		metric.WithUnit("{decision}"))
 	duration, err2 := meter.Float64Histogram(DurationName,
-		metric.WithDescription("Duration of redlimit decisions: a round trip to Redis, or its attempt, for reasons limit, shadow and fail-open; local, without one, for lease and cache."),
+		metric.WithDescription("Duration of redlimit decisions: a round trip to Redis, or its attempt, for reasons limit, shadow, fail-open and degraded (then decided locally); local, without one, for lease and cache."),
 		metric.WithUnit("s"),
 		metric.WithExplicitBucketBoundaries(durationBounds...))
 	if err := errors.Join(err1, err2); err != nil {
 		return nil, err
 	}
 	return func(d redlimit.Decision) {
+		// A decision degraded mode made carries Redis's error to the
+		// observer and none to the caller: its outcome is its own. (In
+		// shadow mode, what it denied is granted with reason shadow, which
+		// no other error carries.)
+		local := d.Result.Reason == redlimit.ReasonDegraded || d.Result.Reason == redlimit.ReasonShadow
 		outcome := "denied"
 		switch {
-		case d.Err != nil:
+		case d.Err != nil && !local:
 			outcome = "error"
 		case d.Result.Reason == redlimit.ReasonShadow:
 			outcome = "shadow_denied"

@@ -26,7 +26,7 @@ func series(set attribute.Set) string {
 }
 
 // durationDescription says which durations are round trips to Redis.
-const durationDescription = "Duration of redlimit decisions: a round trip to Redis, or its attempt, for reasons limit, shadow and fail-open; local, without one, for lease and cache."
+const durationDescription = "Duration of redlimit decisions: a round trip to Redis, or its attempt, for reasons limit, shadow, fail-open and degraded (then decided locally); local, without one, for lease and cache."
 
 // decisionSeries names a series of the decision instruments: series and
 // its reason, limiter/algorithm/outcome/reason. It reports an attribute set
@@ -289,17 +289,38 @@ func TestReasons(t *testing.T) {
 	t.Cleanup(func() { _ = down.Close() })
 	open := redlimit.New(down, redlimit.WithObserver(observe), redlimit.WithFailOpen())
 	allow(open.FixedWindow("open").WithDefault(redlimit.PerMinute(1)), redlimit.ReasonFailOpen)
+	// Degraded mode decides locally what it cannot, within its share:
+	// ⌈3 / 2⌉ = 2, having never reached Redis (MinInstances). The caller
+	// gets no error, so the outcome is the local decision's; in shadow
+	// mode, what it denies is granted.
+	unreachable := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = unreachable.Close() })
+	degraded := redlimit.New(unreachable, redlimit.WithObserver(observe), redlimit.WithClock(func() time.Time { return now }),
+		redlimit.WithDegraded(redlimit.Degraded{Heartbeat: time.Hour, MinInstances: 2}))
+	t.Cleanup(func() { _ = degraded.Close(ctx) })
+	local := degraded.FixedWindow("local").WithDefault(redlimit.PerMinute(3))
+	trialLocal := degraded.FixedWindow("local-trial").WithDefault(redlimit.PerMinute(3)).WithShadow()
+	for range 2 {
+		allow(local, redlimit.ReasonDegraded)
+		allow(trialLocal, redlimit.ReasonDegraded)
+	}
+	allow(local, redlimit.ReasonDegraded)
+	allow(trialLocal, redlimit.ReasonShadow)
 
 	counts, histograms := collect(t, reader)
 	want := map[string]int64{
-		"plain/fixed_window/allowed/limit":          1,
-		"plain/fixed_window/denied/limit":           1,
-		"plain/fixed_window/denied/cache":           1,
-		"leased/fixed_window/allowed/limit":         2,
-		"leased/fixed_window/allowed/lease":         2,
-		"trial/sliding_window/allowed/limit":        1,
-		"trial/sliding_window/shadow_denied/shadow": 1,
-		"open/fixed_window/error/fail-open":         1,
+		"plain/fixed_window/allowed/limit":              1,
+		"plain/fixed_window/denied/limit":               1,
+		"plain/fixed_window/denied/cache":               1,
+		"leased/fixed_window/allowed/limit":             2,
+		"leased/fixed_window/allowed/lease":             2,
+		"trial/sliding_window/allowed/limit":            1,
+		"trial/sliding_window/shadow_denied/shadow":     1,
+		"open/fixed_window/error/fail-open":             1,
+		"local/fixed_window/allowed/degraded":           2,
+		"local/fixed_window/denied/degraded":            1,
+		"local-trial/fixed_window/allowed/degraded":     2,
+		"local-trial/fixed_window/shadow_denied/shadow": 1,
 	}
 	if !maps.Equal(counts, want) {
 		t.Errorf("decisions %v\nwant %v", counts, want)

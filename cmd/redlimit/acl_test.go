@@ -57,13 +57,15 @@ func TestLeastPrivilegeACL(t *testing.T) {
 		s := server{flags: []string{"--redis", "redis://svc-cli:" + url.QueryEscape("pw") + "@" + srv.Addr()}}
 		for _, alg := range algorithms {
 			prefix := "svc:" + uniqueName("acl") + ":"
-			// A limiter on a default, written by the library as an admin.
+			// A limiter on a default, written by the library as an admin,
+			// with a reservation open; an instance in degraded mode.
 			l := alg.limiter(redlimit.New(admin, redlimit.WithPrefix(prefix)), "dflt").WithDefault(redlimit.PerHour(10))
-			if _, err := l.Allow(ctx, 1); err != nil {
+			if _, err := l.Reserve(ctx, 1); err != nil {
 				t.Fatal(err)
 			}
+			beating(t, admin, prefix, "api", time.Now())
 			for _, cmd := range [][]string{
-				{"ls"}, {"get", "dflt"},
+				{"ls"}, {"get", "dflt"}, {"instances"},
 				{"set", "api", "--rate", "10", "--per", "1h", "--algorithm", alg.name},
 				{"ls"}, {"get", "api"}, {"shadow", "api", "on"}, {"shadow", "api", "off"},
 				{"expire", "api", "10m"}, {"reset", "api"}, {"delete", "--yes", "api"},

@@ -446,6 +446,14 @@ type limiterReport struct {
 	// terms (counts, times, records): what needs no rate. Absent when a
 	// config is stored.
 	Held *heldJSON `json:"held,omitempty"`
+	// Reservations are the request log's open entries: reservations not
+	// yet released or settled (reservations.go). Absent for an in-flight
+	// limit.
+	Reservations *reservationsJSON `json:"reservations,omitempty"`
+	// Degraded is degraded mode's word on the limiter: the instances live
+	// and the share each decides on in an outage (instances.go). Absent
+	// when degraded mode is off under the prefix.
+	Degraded *degradedJSON `json:"degraded,omitempty"`
 }
 
 // getUnknown is get on a name whose keys tell no algorithm: it says what
@@ -462,6 +470,9 @@ func (a *admin) getUnknown(ctx context.Context, name string, at *instant) int {
 		return exitNotFound
 	}
 	rep := limiterReport{Name: name, Key: full, AsOf: at.t.UTC().Format(asOfLayout), Clients: []limitUsage{}, Held: held}
+	if rep.Reservations, err = a.readReservations(ctx, full, at.t); err != nil {
+		return a.fail(err)
+	}
 	for i, k := range held.Keys {
 		if i == 0 || k.TTLMS < 0 || rep.TTLMS >= 0 && k.TTLMS > rep.TTLMS {
 			rep.TTLMS = k.TTLMS
@@ -492,6 +503,13 @@ the services' default: give it with --rate and --per (and the other config
 flags). A name with no key at all exits 3: nothing is held for it, which
 is also what an idle limiter on a default looks like (it keeps state only
 while it is in use).
+
+Reservations (Reserve; a lease's block is one) open in the limiter's
+request log are listed, soonest to expire first, each with the time left to
+release or settle it (under WithRetryWindow the log also holds recent
+grants' ids). While degraded mode is on under the prefix (redlimit
+instances), a line says how many instances are live and the share of the
+limit each decides on locally in an outage.
 
 For an in-flight limit: its stored limit and TTL (or none), how many holds
 are live, and each holder's id and time left until its hold expires unless
@@ -591,6 +609,18 @@ refreshed, by id (InFlight.Holders). The rate flags do not apply.
 			rep.Clients = append(rep.Clients, u)
 		}
 	}
+	if rep.Reservations, err = a.readReservations(ctx, l.Name(), at.t); err != nil {
+		return a.fail(err)
+	}
+	in, err := a.readInstances(ctx, at.t)
+	if err != nil {
+		return a.fail(err)
+	}
+	if known {
+		rep.Degraded = degradedShare(in, &cfg)
+	} else {
+		rep.Degraded = degradedShare(in, nil)
+	}
 	if a.json {
 		return a.writeJSON(rep)
 	}
@@ -640,7 +670,14 @@ func (r limiterReport) print(w io.Writer) {
 	if r.Usage != nil {
 		fmt.Fprintf(tw, "remaining\t%s%s\n", r.Usage, r.binds(*r.Usage))
 	}
+	if line := r.Reservations.line(); line != "" {
+		fmt.Fprintf(tw, "reserved\t%s\n", line)
+	}
+	if r.Degraded != nil {
+		fmt.Fprintf(tw, "degraded\t%s\n", r.Degraded)
+	}
 	tw.Flush()
+	defer r.Reservations.print(w) // last: after the clients, or what Redis holds
 	if r.Held != nil {
 		asOf, _ := time.Parse(asOfLayout, r.AsOf)
 		defer r.Held.print(w, r.Name, asOf)

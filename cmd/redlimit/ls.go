@@ -30,6 +30,9 @@ reads with SCAN (on every primary of a Cluster), so Redis keeps serving
 however many keys it holds; the order is SCAN's. With --json, one JSON object
 per line.
 
+A limiter with reservations open (Reserve; get lists them) has "; N
+reserved" at the end of its line.
+
 An in-flight limit's line gives its stored limit and TTL (or none stored),
 and how many holds are live now ("10 in flight, TTL 30s; 3 held"): one
 script call each (InFlight.Holders), which writes nothing.
@@ -63,13 +66,16 @@ to list.
 		return code
 	}
 	defer a.close()
-	out := &lsOutput{w: bufio.NewWriter(stdout), json: a.json, scanOrder: *scanOrder}
+	now, err := usageTime(ctx, a.rdb) // the instant open reservations are counted at
+	if err != nil {
+		return a.fail(err)
+	}
+	out := &lsOutput{w: bufio.NewWriter(stdout), json: a.json, scanOrder: *scanOrder, now: now}
 	defer out.discard()
 	passes := lsPasses(a.prefix, pattern)
 	scan := func(ctx context.Context, node redis.Cmdable) error {
 		return a.scan(ctx, node, passes, *count, out)
 	}
-	var err error
 	if cluster, ok := a.rdb.(*redis.ClusterClient); ok {
 		// Each primary holds its own slots' keys, so each is scanned; they
 		// run concurrently and take turns on the output.
@@ -99,6 +105,7 @@ type lsOutput struct {
 	w         *bufio.Writer
 	json      bool
 	scanOrder bool
+	now       time.Time // Redis TIME, read once
 	sorter    lineSorter
 	// unknown counts the names seen with only a PerClient registry: no
 	// config stored, no client's state left (every one full again), so
@@ -124,6 +131,10 @@ type lsLine struct {
 	// Shadow: the stored config is in shadow mode (redlimit shadow);
 	// absent when it is not.
 	Shadow bool `json:"shadow,omitempty"`
+	// Reserved is how many entries of the limiter's request log are open:
+	// reservations not yet released or settled (get lists them); absent
+	// for none.
+	Reserved int64 `json:"reserved,omitempty"`
 }
 
 // The keys ls reads: a limiter's own key (prefix{name}: its hash, or a
@@ -201,6 +212,7 @@ type candidate struct {
 	fields     *redis.SliceCmd  // a hash's
 	value      *redis.StringCmd // a string's
 	state      []*redis.IntCmd  // a registry's first client: EXISTS of each algorithm's state keys (wire.Algorithms' order)
+	reserved   *redis.IntCmd    // ZCOUNT of the request log's open entries
 }
 
 // describe reads the keys of one SCAN call that may tell a limiter, in two
@@ -222,6 +234,7 @@ func (a *admin) describe(ctx context.Context, keys []string, kinds keyKind, out 
 			c.exists = pipe.Exists(ctx, c.full)
 			c.first = pipe.ZRange(ctx, key, -1, -1) // the latest to be granted
 		}
+		c.reserved = pipe.ZCount(ctx, wire.KeyOf(c.full, wire.SuffixRequests), openSince(out.now), "+inf")
 		batch = append(batch, c)
 	}
 	if len(batch) == 0 {
@@ -325,7 +338,7 @@ func (a *admin) candidate(key string, kinds keyKind) *candidate {
 // line says what c found; no Algorithm when it is no limiter's, or one
 // listed by its own key.
 func (c *candidate) line() (lsLine, error) {
-	line := lsLine{Name: c.name, Key: c.full}
+	line := lsLine{Name: c.name, Key: c.full, Reserved: c.reserved.Val()}
 	switch {
 	case c.value != nil:
 		line.Algorithm = wire.OwnerOf(c.value.Val())
@@ -412,6 +425,9 @@ func (o *lsOutput) format(l lsLine) string {
 	}
 	if l.Shadow {
 		about += "; shadow mode"
+	}
+	if l.Reserved > 0 {
+		about += fmt.Sprintf("; %d reserved", l.Reserved)
 	}
 	// Fixed widths, not a tabwriter: with --scan-order that would hold
 	// every line until the end.

@@ -3,7 +3,7 @@
 // module (throttle), and the four algorithms side by side (compare). Its
 // admin commands (ls, get, set, reset, delete, expire, shadow) inspect and
 // change the limiters in a real Redis: rate limiters, and in-flight limits
-// (InFlight).
+// (InFlight); instances shows degraded mode's heartbeat (WithDegraded).
 //
 // The demonstrations run on an embedded Redis (miniredis) unless --redis,
 // --cluster or --sentinel names a real one, so they need nothing but Go:
@@ -57,6 +57,8 @@ Admin commands, against a real Redis (--redis, --cluster or --sentinel):
 	redlimit expire NAME DURATION        have the limiter's keys expire
 	redlimit shadow NAME on|off          shadow mode: count every decision,
 	                                     grant every request (SetShadow)
+	redlimit instances [flags]           degraded mode (WithDegraded): the
+	                                     instances live, each one's last beat
 
 reset takes both kinds: a rate limiter forgets every client's usage, an
 in-flight limit drops every hold (InFlight.Reset); both keep their config.
@@ -96,16 +98,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
-		"demo":     demo,
-		"throttle": throttle,
-		"compare":  compare,
-		"ls":       ls,
-		"get":      get,
-		"set":      set,
-		"reset":    reset,
-		"delete":   deleteLimiter,
-		"expire":   expire,
-		"shadow":   shadow,
+		"demo":      demo,
+		"throttle":  throttle,
+		"compare":   compare,
+		"ls":        ls,
+		"get":       get,
+		"set":       set,
+		"reset":     reset,
+		"delete":    deleteLimiter,
+		"expire":    expire,
+		"shadow":    shadow,
+		"instances": instances,
 	}
 	switch cmd := args[0]; {
 	case cmd == "-h" || cmd == "-help" || cmd == "--help" || cmd == "help":
