@@ -2,7 +2,7 @@
 -- at now, forgets those not heard from for expire ms, keeps the key that
 -- long, and returns how many are live and how many of them have this
 -- client id.
--- KEYS[1]  the prefix's instances: a zset, member "client-id 16-hex", score
+-- KEYS[1]  the prefix's instances: a zset, member "client-id tag" (HB_TAG_LEN hex digits), score
 --          the member's last beat (ms)
 -- ARGV     HB_MEMBER, HB_NOW (ms, or '' for Redis TIME), HB_EXPIRE (ms),
 --          HB_CLIENT_ID
@@ -19,7 +19,7 @@ local id = ARGV[HB_CLIENT_ID] .. ' '
 local same = 0
 local live = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, m in ipairs(live) do
-  if #m == #id + 16 and string.sub(m, 1, #id) == id then
+  if #m == #id + HB_TAG_LEN and string.sub(m, 1, #id) == id then
     same = same + 1
   end
 end

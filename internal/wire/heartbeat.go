@@ -24,6 +24,7 @@ func HeartbeatKey(prefix string) string { return prefix + "redlimit:instances" }
 
 // HeartbeatHeader declares the heartbeat script's contract.
 func HeartbeatHeader() string {
-	return fmt.Sprintf("-- The contract, declared by internal/wire.\nlocal HB_MEMBER, HB_NOW, HB_EXPIRE, HB_CLIENT_ID = %d, %d, %d, %d -- ARGV's\n",
-		HeartbeatMember, HeartbeatNow, HeartbeatExpire, HeartbeatClientID)
+	return fmt.Sprintf("-- The contract, declared by internal/wire.\nlocal HB_MEMBER, HB_NOW, HB_EXPIRE, HB_CLIENT_ID = %d, %d, %d, %d -- ARGV's\n"+
+		"local HB_TAG_LEN = %d -- a member is the client id, a space and a tag of this many hex digits\n",
+		HeartbeatMember, HeartbeatNow, HeartbeatExpire, HeartbeatClientID, HeartbeatTagLen)
 }
