@@ -282,8 +282,8 @@ func TestSimulateLeases(t *testing.T) {
 			if r.name != c.results[i].name || got != want[r.name] {
 				t.Errorf("%s: %+v, want %+v", r.name, got, want[r.name])
 			}
-			if c.results[i].total != unleased[r.name] {
-				t.Errorf("%s without leases: %d granted, want %d", r.name, c.results[i].total, unleased[r.name])
+			if got := c.results[i].total; got != unleased[r.name] && !stateExpiredEarly(t, r.name, got, unleased[r.name]) {
+				t.Errorf("%s without leases: %d granted, want %d", r.name, got, unleased[r.name])
 			}
 			if len(r.granted) != 60 || len(r.rolling) != 60 || slicesSum(r.granted) != r.total {
 				t.Errorf("%s: %d ticks granting %d, want 60 granting %d", r.name, len(r.granted), slicesSum(r.granted), r.total)
@@ -294,11 +294,23 @@ func TestSimulateLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, r := range alone.results {
-			if r.total != c.results[i].total || r.busiest[0] != c.results[i].busiest[0] {
+			three := c.results[i]
+			sameTotal := r.total == three.total || stateExpiredEarly(t, r.name, max(r.total, three.total), min(r.total, three.total))
+			if !sameTotal || r.busiest[0] != three.busiest[0] && !stateExpiredEarly(t, r.name, max(r.busiest[0], three.busiest[0]), min(r.busiest[0], three.busiest[0])) {
 				t.Errorf("%s: one instance granted %d (%d in 1s), three %d (%d)", r.name, r.total, r.busiest[0], c.results[i].total, c.results[i].busiest[0])
 			}
 		}
 	})
+}
+
+// stateExpiredEarly reports whether granted, where want was expected, is
+// the one grant more that a funnel's state lost early gives on a real Redis:
+// its expiry (when the funnel is empty, on the simulated clock) runs in
+// Redis's real time, and a run the machine slows below real time reaches
+// the key after Redis has dropped it, an empty funnel again. miniredis
+// expires nothing on its own: there the figures are exact.
+func stateExpiredEarly(t *testing.T, algorithm string, granted, want int) bool {
+	return algorithm == "funnel" && granted == want+1 && !strings.Contains(t.Name(), "/miniredis")
 }
 
 // TestLeaseBoundMeasured: measured says when a run passes the bound, and
