@@ -441,9 +441,10 @@ func (f *degradedFamily) local(alg *wire.Algorithm, cfg Config, n int64, retry t
 		case wire.SlidingWindow:
 			lr.Buckets = int64(r.Buckets)
 		}
-		if cal := r.Calendar; cal.Period != 0 {
+		if r.Calendar.Period != 0 {
+			cal := r.Calendar.rule()
 			lr.Window = func(us int64) (int64, int64) {
-				start, end := cal.window(time.UnixMicro(us))
+				start, end := cal.Window(time.UnixMicro(us))
 				return start.UnixMicro(), end.UnixMicro()
 			}
 			if s.edges == nil {

@@ -35,6 +35,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -89,10 +90,10 @@ type Limiter struct {
 	dflt           Config
 	dfltRates      []wire.Rate // dflt's, as replies give them
 	err            error
-	denial         string       // its requests' key in the Client's cache of denials (setDenial)
-	shadow         bool         // WithShadow: every decision in shadow mode
-	calendars      *calendarSet // the handle's config's calendar rates, or nil
-	lease          *lease       // WithLease's block, or nil
+	denial         string        // its requests' key in the Client's cache of denials (setDenial)
+	shadow         bool          // WithShadow: every decision in shadow mode
+	calendars      *calendar.Set // the handle's config's calendar rates, or nil
+	lease          *lease        // WithLease's block, or nil
 }
 
 // family is what a Client keeps of one limiter, an algorithm under a name:
@@ -113,7 +114,7 @@ type family struct {
 	hashed atomic.Bool
 	// calendars: the calendar rates a script last named for the limiter
 	// (wire.ReplyCalendar), or nil.
-	calendars atomic.Pointer[calendarSet]
+	calendars atomic.Pointer[calendar.Set]
 	// full: the limiter needs the decision script (a stored config of
 	// several rates, say): its decisions do not try the lean one.
 	full atomic.Bool
@@ -291,7 +292,7 @@ func (l *Limiter) withConfig(source wire.Source, cfg Config) *Limiter {
 	d.lease = nil // a block was taken under the handle's config: lease again after WithDefault
 	d.calendars = nil
 	if cals := cfg.calendars(); len(cals) > 0 {
-		d.calendars, _ = newCalendarSet(wire.EncodeCalendars(cals))
+		d.calendars, _ = calendar.NewSet(wire.EncodeCalendars(cals))
 	}
 	d.setDenial()
 	return &d

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/redlimit/redlimit/internal/evalsha"
 	"github.com/redlimit/redlimit/internal/wire"
 )
@@ -199,9 +200,9 @@ func (l *Limiter) frame(req request, args []any) framed {
 	if c.now != nil {
 		now = c.now().UnixMicro()
 	}
-	calendar := noArg
+	calendarArg := noArg
 	if cals := l.calendarsSent(); cals != nil {
-		calendar = cals.arg(c.clock())
+		calendarArg = cals.Arg(c.clock())
 	}
 	reserve, release := req.op == opReserve, req.op == opRelease || req.op == opSettle
 	// A request id names the token bucket's record, the request log's
@@ -236,14 +237,14 @@ func (l *Limiter) frame(req request, args []any) framed {
 		n = wire.ArgClientID
 	case id != noArg:
 		n = wire.ArgID
-	case calendar != noArg:
+	case calendarArg != noArg:
 		n = wire.ArgCalendar
 	}
 	keys := l.keyArgs
 	if !whole {
 		keys = keys[:l.alg.Registry()-1]
 	}
-	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendar
+	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendarArg
 	args[wire.ArgID-1], args[wire.ArgLogWindow-1], args[wire.ArgClientID-1] = id, logWindow, l.clientID
 	args[wire.ArgLeast-1], args[wire.ArgGrantAt-1], args[wire.ArgGrantSize-1] = req.least, req.grantAt, req.grantSize
 	if reserve || release {
@@ -273,7 +274,7 @@ func (l *Limiter) answer(ctx context.Context, req *request, f framed, reply any)
 	case strings.HasPrefix(s, wire.ReplyCalendar) && !req.calendarLearnt:
 		// The config in force has calendar rates other than those sent: the
 		// script names them, and the family sends them from now on.
-		cals, ok := newCalendarSet(s[len(wire.ReplyCalendar):])
+		cals, ok := calendar.NewSet(s[len(wire.ReplyCalendar):])
 		if !ok {
 			return Result{}, wire.Decision{}, false, fmt.Errorf("%w: %s: field calendar = %q", ErrCorruptState, l.name, s[len(wire.ReplyCalendar):])
 		}
@@ -339,7 +340,7 @@ func micros(us int64) time.Duration {
 // a script last named for the limiter, else the handle's own config's. A
 // handle whose config is in force whatever is stored (Throttle's, SetRate's)
 // sends its own.
-func (l *Limiter) calendarsSent() *calendarSet {
+func (l *Limiter) calendarsSent() *calendar.Set {
 	if l.source == wire.SourceFixed || l.source == wire.SourceNew {
 		return l.calendars
 	}
