@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/evalsha"
+	"github.com/redlimit/redlimit/internal/inflight"
 )
 
 //go:embed scripts/*.lua
@@ -44,8 +45,7 @@ type Client struct {
 	noBatch     bool             // WithoutBatching
 	families    families         // see Client.limiter
 	// lines: the Acquires waiting on each in-flight limit (inflight.go).
-	linesMu sync.Mutex
-	lines   map[string]*waitingLine
+	lines inflight.Lines
 	// leases: the leased handles made from the Client and not closed, as
 	// keys, for Close (lease.go).
 	leases sync.Map
