@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlimit/redlimit/internal/evalsha"
+	"github.com/redlimit/redlimit/internal/generations"
 	"github.com/redlimit/redlimit/internal/inflight"
 )
 
@@ -43,7 +44,9 @@ type Client struct {
 	breaker     *evalsha.Breaker // nil unless WithBreaker
 	degraded    *degraded        // nil unless WithDegraded (degraded.go)
 	noBatch     bool             // WithoutBatching
-	families    families         // see Client.limiter
+	// families: what the Client keeps of its limiters, by algorithm and
+	// name, the recently used ones (Client.limiter).
+	families *generations.Map[familyKey, *family]
 	// lines: the Acquires waiting on each in-flight limit (inflight.go).
 	lines inflight.Lines
 	// leases: the leased handles made from the Client and not closed, as
@@ -168,8 +171,9 @@ func New(rdb redis.Scripter, opts ...Option) *Client {
 	}
 	c.transport = evalsha.NewTransport(rdb, scripts, evalsha.Options{Breaker: c.breaker, NoBatch: c.noBatch})
 	c.degraded.start(c) // WithDegraded's heartbeat (degraded.go); nothing without it
+	c.hot.start(c)      // WithHotLeases's table (hot.go); nothing without it
 	c.clientIDArg, c.retryWindowArg = c.clientID, ""
-	c.families.current = make(map[familyKey]*family)
+	c.families = generations.New[familyKey, *family](familiesPerGeneration, 2*familiesPerGeneration)
 	if c.retryWindow > 0 {
 		c.retryWindowArg = c.retryWindow.Milliseconds()
 	}
