@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlimit/redlimit/internal/denials"
 	"github.com/redlimit/redlimit/internal/evalsha"
 	"github.com/redlimit/redlimit/internal/generations"
 	"github.com/redlimit/redlimit/internal/inflight"
@@ -37,7 +38,7 @@ type Client struct {
 	clientID    string
 	retryWindow time.Duration
 	observe     func(Decision)
-	denials     *denials // nil unless WithLocalCache
+	denials     *denials.Cache[Result] // nil unless WithLocalCache (local_cache.go)
 	failOpen    bool
 	shadow      bool // WithShadow
 	sleep       func(ctx context.Context, d time.Duration) error

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/redlimit/redlimit/internal/denials"
 	"github.com/redlimit/redlimit/internal/hotkeys"
 )
 
@@ -192,10 +193,10 @@ func (t *hotLeases) close(ctx context.Context) error {
 // forget drops the local denials of the hot leases on the limiter key
 // names, however it is decided (Limiter.forget).
 func (t *hotLeases) forget(key string) {
-	limiter, _ := splitDenialKey(key)
+	limiter, _ := denials.Split(key)
 	var leases []*lease
 	t.table.Leases(func(k string, h *Limiter) {
-		if l, _ := splitDenialKey(k); l == limiter {
+		if l, _ := denials.Split(k); l == limiter {
 			leases = append(leases, h.lease)
 		}
 	})

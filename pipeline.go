@@ -49,12 +49,12 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 		r, err, served = leased.lease.allow(ctx, leased, permits)
 	}
 	if local && !served && c.denials != nil {
-		r, served = c.denials.lookup(l.denial, permits, c.clock())
+		r, served = c.cachedDenial(l, permits)
 	}
 	if !served {
 		r, _, err = l.ask(ctx, request{op: opAllow, permits: permits})
 		if err == nil && c.denials != nil && permits > 0 {
-			c.denials.store(l.denial, permits, r, c.clock())
+			c.cacheDenial(l, permits, r)
 		}
 	}
 	r, err, open := c.settle(ctx, l, permits, r, err)
@@ -122,7 +122,7 @@ func (c *Client) tell(l *Limiter, permits int64, r Result, err error, start time
 // a leased handle's own, and the Client's hot leases on the limiter.
 func (l *Limiter) forget() {
 	if l.client.denials != nil && l.err == nil {
-		l.client.denials.forget(l.denial)
+		l.client.denials.Forget(l.denial)
 	}
 	if l.lease != nil {
 		l.lease.forgetDenial()
