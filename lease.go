@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redlimit/redlimit/internal/requestid"
 )
 
 // Lease is how a leased handle takes its blocks (Limiter.WithLease).
@@ -173,13 +175,13 @@ type lease struct {
 
 // block is one take's permits.
 type block struct {
-	held  int64      // left to grant
-	size  int64      // taken
-	used  int64      // granted from it
-	at    int64      // the grant, µs on Redis's clock: what a refund names
-	id    *requestID // the take's, which its refund names
-	from  time.Time  // sent, on the Client's clock
-	until time.Time  // not used from then: from + Time, or its window's end
+	held  int64         // left to grant
+	size  int64         // taken
+	used  int64         // granted from it
+	at    int64         // the grant, µs on Redis's clock: what a refund names
+	id    *requestid.ID // the take's, which its refund names
+	from  time.Time     // sent, on the Client's clock
+	until time.Time     // not used from then: from + Time, or its window's end
 	timer *time.Timer
 }
 
@@ -347,7 +349,7 @@ func (s *lease) want(now time.Time, permits int64) int64 {
 func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want int64) {
 	c := l.client
 	from := c.clock()
-	id := newRequestID()
+	id := requestid.New()
 	r, d, err := l.ask(ctx, request{op: opReserve, permits: want, least: permits, id: id,
 		logWindow: max(c.retryWindow, s.cfg.Time+time.Minute).Milliseconds()})
 	s.calls.Add(1)
@@ -417,7 +419,7 @@ func (s *lease) take(ctx context.Context, l *Limiter, t *taking, permits, want i
 }
 
 // expire gives back the block its take (at, id) made, if it is still the one held.
-func (s *lease) expire(l *Limiter, at int64, id *requestID) {
+func (s *lease) expire(l *Limiter, at int64, id *requestid.ID) {
 	s.mu.Lock()
 	if s.block.at != at || s.block.id != id || s.block.held == 0 {
 		s.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/requestid"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -22,7 +23,7 @@ import (
 // the take's id, which a refund names.
 func leaseOf(t *testing.T, l *Limiter, want, least int64) block {
 	t.Helper()
-	id := newRequestID()
+	id := requestid.New()
 	_, d, err := l.ask(context.Background(), request{op: opReserve, permits: want, least: least, id: id, logWindow: time.Minute.Milliseconds()})
 	require.NoError(t, err)
 	return block{held: d.Taken, size: d.Taken, at: d.GrantAt, id: id}
@@ -563,7 +564,7 @@ func TestLeaseTakeResent(t *testing.T) {
 		clk := newClock()
 		l := newClient(rdb, clk, WithRetryWindow(time.Minute)).FixedWindow(uniqueName(t)).WithDefault(PerSecond(10))
 		require.Equal(t, int64(6), leaseOf(t, l, 6, 1).size)
-		id := newRequestID()
+		id := requestid.New()
 		take := func() int64 {
 			_, d, err := l.ask(ctx, request{op: opReserve, permits: 6, least: 1, id: id, logWindow: time.Minute.Milliseconds()})
 			require.NoError(t, err)

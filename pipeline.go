@@ -2,17 +2,15 @@ package redlimit
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/redlimit/redlimit/internal/evalsha"
+	"github.com/redlimit/redlimit/internal/requestid"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -142,7 +140,7 @@ type request struct {
 	// grantSize, the reservation's grant. id names either.
 	least, logWindow   int64
 	grantAt, grantSize int64
-	id                 *requestID
+	id                 *requestid.ID
 	calendarLearnt     bool
 	settling           // a settle's own arguments, and a reservation's timeout (reserve.go)
 }
@@ -212,7 +210,7 @@ func (l *Limiter) frame(req request, args []any) framed {
 	if req.id != nil {
 		id = req.id
 	} else if reserve || counts && (l.alg.Records || c.retryWindow > 0) {
-		id = newRequestID()
+		id = requestid.New()
 	}
 	logWindow := c.retryWindowArg
 	if reserve {
@@ -404,18 +402,3 @@ func (l *Limiter) everyClient(ctx context.Context, op wire.Op, value any) (bool,
 	}
 	return false, fmt.Errorf("redlimit: %s %s: clients kept appearing", op, l.name)
 }
-
-// requestID is a request's id: 16 hex digits in one allocation, where a
-// string would take two (its bytes, and its box as an argument). go-redis
-// writes it through MarshalBinary.
-type requestID [16]byte
-
-func newRequestID() *requestID {
-	id := new(requestID)
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
-	hex.Encode(id[:], b[:])
-	return id
-}
-
-func (id *requestID) MarshalBinary() ([]byte, error) { return id[:], nil }
