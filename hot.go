@@ -10,6 +10,7 @@ import (
 
 	"github.com/redlimit/redlimit/internal/denials"
 	"github.com/redlimit/redlimit/internal/hotkeys"
+	"github.com/redlimit/redlimit/internal/leasing"
 )
 
 // Hot leases. A lease (lease.go) pays off on a limiter that many decisions
@@ -125,9 +126,7 @@ func (c *Client) HotLeaseStats() HotLeaseStats {
 		s = HotLeaseStats{Above: t.cfg.Above, Lease: t.cfg.Lease, Started: in.Started, Cooled: in.Cooled, LeaseStats: t.done}
 		for _, e := range in.Leased {
 			h := e.Lease
-			h.lease.mu.Lock()
-			held, most := h.lease.block.held, h.lease.most(1)
-			h.lease.mu.Unlock()
+			held, most := h.lease.Holding()
 			s.Leased = append(s.Leased, HotLease{Limiter: h.name, Algorithm: h.alg.Name, Rate: e.Rate, Held: held, Cap: most})
 			s.LeaseStats.add(h.LeaseStats())
 		}
@@ -194,13 +193,13 @@ func (t *hotLeases) close(ctx context.Context) error {
 // names, however it is decided (Limiter.forget).
 func (t *hotLeases) forget(key string) {
 	limiter, _ := denials.Split(key)
-	var leases []*lease
+	var leases []*leasing.Lease[Result]
 	t.table.Leases(func(k string, h *Limiter) {
 		if l, _ := denials.Split(k); l == limiter {
 			leases = append(leases, h.lease)
 		}
 	})
 	for _, s := range leases {
-		s.forgetDenial()
+		s.ForgetDenial()
 	}
 }

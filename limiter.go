@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit/internal/calendar"
+	"github.com/redlimit/redlimit/internal/leasing"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -89,10 +90,10 @@ type Limiter struct {
 	dflt           Config
 	dfltRates      []wire.Rate // dflt's, as replies give them
 	err            error
-	denial         string        // its requests' key in the Client's cache of denials (setDenial)
-	shadow         bool          // WithShadow: every decision in shadow mode
-	calendars      *calendar.Set // the handle's config's calendar rates, or nil
-	lease          *lease        // WithLease's block, or nil
+	denial         string                 // its requests' key in the Client's cache of denials (setDenial)
+	shadow         bool                   // WithShadow: every decision in shadow mode
+	calendars      *calendar.Set          // the handle's config's calendar rates, or nil
+	lease          *leasing.Lease[Result] // WithLease's blocks (lease.go), or nil
 }
 
 // family is what a Client keeps of one limiter, an algorithm under a name:

@@ -44,7 +44,7 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 		served = err != nil
 	}
 	if local && !served && leased != nil && leased.lease != nil {
-		r, err, served = leased.lease.allow(ctx, leased, permits)
+		r, err, served = leased.allowLeased(ctx, permits)
 	}
 	if local && !served && c.denials != nil {
 		r, served = c.cachedDenial(l, permits)
@@ -123,7 +123,7 @@ func (l *Limiter) forget() {
 		l.client.denials.Forget(l.denial)
 	}
 	if l.lease != nil {
-		l.lease.forgetDenial()
+		l.lease.ForgetDenial()
 	}
 	if l.client.hot != nil && l.err == nil {
 		l.client.hot.forget(l.denial)
