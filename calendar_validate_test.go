@@ -76,7 +76,7 @@ func TestCalendarValidate(t *testing.T) {
 }
 
 // TestCalendarValidateZoneMatchesItsName: the scripts' windows come from
-// the zone loaded by name (calendarSet parses the spec), so a Location that
+// the zone loaded by name (internal/calendar parses the spec), so a Location that
 // only borrows a loadable name would have its windows silently moved. A
 // fixed +01:00 named "CET" gets CET's summer time: its daily windows would
 // start at 22:00 UTC from April to October, not 23:00.
