@@ -98,7 +98,7 @@ func (c *Client) AllowAll(ctx context.Context, wants ...Want) (AllResult, error)
 		results[i], open = r, open && opened
 		if err == nil && !committed {
 			if c.denials != nil {
-				c.denials.store(l.denial, w.Permits, r, c.clock())
+				c.cacheDenial(l, w.Permits, r)
 			}
 			if !r.Allowed && all.RetryAfter != Never && (r.RetryAfter == Never || r.RetryAfter > all.RetryAfter) {
 				all.RetryAfter = r.RetryAfter

@@ -239,8 +239,7 @@ func TestCalendarClockSkew(t *testing.T) {
 		require.True(t, allow(t, l, 1).Allowed)
 		// The windows of 1 June go on being sent (as by a client whose clock
 		// stayed there) while the decision's clock is three days on.
-		sent := l.calendars.edges.Load()
-		l.calendars.edges.Store(&calendarEdges{arg: sent.arg, from: sent.from, to: time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)})
+		l.calendars = l.calendars.Pinned(clk.Now())
 		clk.Set(time.Date(2026, 6, 4, 12, 0, 0, 0, time.UTC))
 		_, err := l.Allow(context.Background(), 1)
 		assert.ErrorIs(t, err, ErrClockSkew)

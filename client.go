@@ -11,7 +11,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlimit/redlimit/internal/denials"
 	"github.com/redlimit/redlimit/internal/evalsha"
+	"github.com/redlimit/redlimit/internal/generations"
+	"github.com/redlimit/redlimit/internal/inflight"
 )
 
 //go:embed scripts/*.lua
@@ -35,17 +38,18 @@ type Client struct {
 	clientID    string
 	retryWindow time.Duration
 	observe     func(Decision)
-	denials     *denials // nil unless WithLocalCache
+	denials     *denials.Cache[Result] // nil unless WithLocalCache (local_cache.go)
 	failOpen    bool
 	shadow      bool // WithShadow
 	sleep       func(ctx context.Context, d time.Duration) error
 	breaker     *evalsha.Breaker // nil unless WithBreaker
 	degraded    *degraded        // nil unless WithDegraded (degraded.go)
 	noBatch     bool             // WithoutBatching
-	families    families         // see Client.limiter
+	// families: what the Client keeps of its limiters, by algorithm and
+	// name, the recently used ones (Client.limiter).
+	families *generations.Map[familyKey, *family]
 	// lines: the Acquires waiting on each in-flight limit (inflight.go).
-	linesMu sync.Mutex
-	lines   map[string]*waitingLine
+	lines inflight.Lines
 	// leases: the leased handles made from the Client and not closed, as
 	// keys, for Close (lease.go).
 	leases sync.Map
@@ -168,8 +172,9 @@ func New(rdb redis.Scripter, opts ...Option) *Client {
 	}
 	c.transport = evalsha.NewTransport(rdb, scripts, evalsha.Options{Breaker: c.breaker, NoBatch: c.noBatch})
 	c.degraded.start(c) // WithDegraded's heartbeat (degraded.go); nothing without it
+	c.hot.start(c)      // WithHotLeases's table (hot.go); nothing without it
 	c.clientIDArg, c.retryWindowArg = c.clientID, ""
-	c.families.current = make(map[familyKey]*family)
+	c.families = generations.New[familyKey, *family](familiesPerGeneration, 2*familiesPerGeneration)
 	if c.retryWindow > 0 {
 		c.retryWindowArg = c.retryWindow.Milliseconds()
 	}

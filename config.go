@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -282,10 +283,11 @@ func configOf(st wire.StoredConfig) (Config, error) {
 		cfg.More = append(cfg.More, Config{Rate: r.Rate, Interval: time.Duration(r.IntervalMS) * time.Millisecond, Burst: r.Burst, Buckets: int(r.Buckets)})
 	}
 	for _, pc := range st.Calendars {
-		cal, ok := parseCalendar(pc.Spec)
+		r, ok := calendar.Parse(pc.Spec)
 		if !ok {
 			return Config{}, fmt.Errorf("%w: field %s = %q", ErrCorruptState, wire.FieldCalendar, pc.Spec)
 		}
+		cal := calendarOf(r)
 		if pc.Place == 1 {
 			cfg.Calendar = cal
 		} else {
@@ -301,31 +303,8 @@ func (c Config) calendars() []wire.PlacedCalendar {
 	var list []wire.PlacedCalendar
 	for i, r := range c.rates() {
 		if r.Calendar.Period != 0 {
-			list = append(list, wire.PlacedCalendar{Place: i + 1, Spec: r.Calendar.spec()})
+			list = append(list, wire.PlacedCalendar{Place: i + 1, Spec: r.Calendar.rule().Spec()})
 		}
 	}
 	return list
-}
-
-// rateCalendar is one calendar rate of a config: its place (calendars).
-type rateCalendar struct {
-	place int
-	cal   Calendar
-}
-
-// parseCalendars reads the field calendar (calendars) back.
-func parseCalendars(s string) ([]rateCalendar, bool) {
-	placed, ok := wire.ParseCalendars(s)
-	if !ok || len(placed) == 0 {
-		return nil, false
-	}
-	list := make([]rateCalendar, 0, len(placed))
-	for _, pc := range placed {
-		cal, ok := parseCalendar(pc.Spec)
-		if !ok {
-			return nil, false
-		}
-		list = append(list, rateCalendar{place: pc.Place, cal: cal})
-	}
-	return list, true
 }

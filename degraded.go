@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redlimit/redlimit/internal/evalsha"
+	"github.com/redlimit/redlimit/internal/heartbeat"
 	"github.com/redlimit/redlimit/internal/local"
 	"github.com/redlimit/redlimit/internal/wire"
 )
@@ -134,10 +134,8 @@ func (c *Client) DegradedState() DegradedState {
 	if d == nil {
 		return DegradedState{}
 	}
-	s := DegradedState{Enabled: true, Instances: int(d.instances.Load()), SameID: int(d.same.Load()), Active: d.active.Load()}
-	if at := d.beatAt.Load(); at != 0 {
-		s.Beat = time.Unix(0, at)
-	}
+	s := DegradedState{Enabled: true, Instances: int(d.heart.Instances()), SameID: int(d.heart.Same()), Beat: d.heart.BeatAt(),
+		Active: d.active.Load()}
 	if s.Active {
 		s.Since = time.Unix(0, d.since.Load())
 	}
@@ -146,102 +144,35 @@ func (c *Client) DegradedState() DegradedState {
 
 // degraded is a Client's degraded mode.
 type degraded struct {
-	cfg       Degraded
-	transport *evalsha.Transport
-	now       func() time.Time // the Client's WithClock, or nil for Redis TIME
-	key       string           // wire.HeartbeatKey
-	member    string           // this instance in it (wire.HeartbeatMemberOf)
-	clientID  string
-	// What the heartbeats Redis answered counted (see DegradedState), and
-	// when the latest was sent (ns).
-	instances, same, beatAt atomic.Int64
-	// The counts that instances and same keep, and when each was
-	// counted: a lower count replaces one only after Expire.
-	peakMu sync.Mutex
-	peak   [2]int64
-	peakAt [2]time.Time
+	cfg   Degraded
+	heart *heartbeat.Heart // counts the live instances: the share's divisor
 	// active: the latest of Redis's answer and a local decision was the
 	// local decision, made since (ns).
 	active atomic.Bool
 	since  atomic.Int64
-	// first is closed once the first beat has returned.
-	first chan struct{}
-	stop  func() // ends the heartbeat, once
 }
 
-// start begins the heartbeat: a goroutine that holds nothing of the
-// Client, and ends once the Client is unreachable.
+// start begins the heartbeat, whose goroutine holds nothing of the Client,
+// and ends once the Client is unreachable.
 func (d *degraded) start(c *Client) {
 	if d == nil {
 		return
 	}
-	d.transport, d.now, d.clientID = c.transport, c.now, c.clientID
-	d.key, d.member = wire.HeartbeatKey(c.prefix), wire.HeartbeatMemberOf(c.clientID, randomHex(wire.HeartbeatTagLen/2))
-	d.first = make(chan struct{})
-	stop := make(chan struct{})
-	d.stop = sync.OnceFunc(func() { close(stop) })
-	runtime.AddCleanup(c, func(stop func()) { stop() }, d.stop)
-	go d.loop(stop)
+	transport := c.transport
+	d.heart = heartbeat.Start(heartbeat.Config{Every: d.cfg.Heartbeat, Expire: d.cfg.Expire,
+		Key: wire.HeartbeatKey(c.prefix), Member: wire.HeartbeatMemberOf(c.clientID, randomHex(wire.HeartbeatTagLen/2)), ClientID: c.clientID, Now: c.now,
+		Run: func(ctx context.Context, keys, args []any) (any, error) {
+			return transport.Run(ctx, scripts.Heartbeat, keys, args)
+		}})
+	runtime.AddCleanup(c, func(stop func()) { stop() }, d.heart.Stop)
 }
 
 // close ends the heartbeat (Client.Close); the instance drops out of the
 // count once Expire passes without a beat.
 func (d *degraded) close() {
-	if d != nil && d.stop != nil {
-		d.stop()
+	if d != nil && d.heart != nil {
+		d.heart.Stop()
 	}
-}
-
-func (d *degraded) loop(stop <-chan struct{}) {
-	tick := time.NewTicker(d.cfg.Heartbeat)
-	defer tick.Stop()
-	for first := true; ; first = false {
-		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Heartbeat)
-		_ = d.beat(ctx) // a failure keeps what the last beat learnt: that is the point
-		cancel()
-		if first {
-			close(d.first)
-		}
-		select {
-		case <-stop:
-			return
-		case <-tick.C:
-		}
-	}
-}
-
-// beat runs the heartbeat script and keeps what it counted.
-func (d *degraded) beat(ctx context.Context) error {
-	now, sent := noArg, time.Now()
-	if d.now != nil {
-		sent = d.now()
-		now = sent.UnixMilli()
-	}
-	args := make([]any, wire.HeartbeatClientID)
-	args[wire.HeartbeatMember-1], args[wire.HeartbeatNow-1] = d.member, now
-	args[wire.HeartbeatExpire-1], args[wire.HeartbeatClientID-1] = d.cfg.Expire.Milliseconds(), d.clientID
-	reply, err := d.transport.Run(ctx, scripts.Heartbeat, []any{d.key}, args)
-	if err != nil {
-		return err
-	}
-	var n [wire.HeartbeatReplyLen]int64
-	if v, ok := reply.([]any); !ok || len(v) != len(n) || !integers(v, n[:]) || n[0] < 1 || n[1] < 1 || n[1] > n[0] {
-		return unexpected(reply)
-	}
-	// A count falls only once the higher one is Expire old: the members a
-	// Redis that lost its data (this key too) has not heard from again yet,
-	// or a beat that came late, still count.
-	d.peakMu.Lock()
-	for i, count := range n {
-		if count >= d.peak[i] || sent.Sub(d.peakAt[i]) > d.cfg.Expire {
-			d.peak[i], d.peakAt[i] = count, sent
-		}
-	}
-	d.instances.Store(d.peak[0])
-	d.same.Store(d.peak[1])
-	d.peakMu.Unlock()
-	d.beatAt.Store(sent.UnixNano())
-	return nil
 }
 
 // degradedFamily is what degraded mode keeps of one limiter (its family's):
@@ -395,9 +326,9 @@ func (d *degraded) decide(l *Limiter, permits int64) (Result, bool) {
 	} else {
 		return Result{}, false
 	}
-	n := d.instances.Load()
+	n := d.heart.Instances()
 	if cfg.Type == PerClient {
-		n = d.same.Load()
+		n = d.heart.Same()
 	}
 	n = max(n, int64(d.cfg.MinInstances))
 	if n < 1 {
@@ -441,9 +372,10 @@ func (f *degradedFamily) local(alg *wire.Algorithm, cfg Config, n int64, retry t
 		case wire.SlidingWindow:
 			lr.Buckets = int64(r.Buckets)
 		}
-		if cal := r.Calendar; cal.Period != 0 {
+		if r.Calendar.Period != 0 {
+			cal := r.Calendar.rule()
 			lr.Window = func(us int64) (int64, int64) {
-				start, end := cal.window(time.UnixMicro(us))
+				start, end := cal.Window(time.UnixMicro(us))
 				return start.UnixMicro(), end.UnixMicro()
 			}
 			if s.edges == nil {

@@ -32,7 +32,7 @@ func degradedClient(t *testing.T, rdb redis.Scripter, clk *clock, d Degraded, op
 	t.Helper()
 	c := newClient(rdb, clk, append([]Option{WithDegraded(d)}, opts...)...)
 	select {
-	case <-c.degraded.first:
+	case <-c.degraded.heart.First():
 	case <-time.After(10 * time.Second):
 		t.Fatal("no first heartbeat")
 	}
@@ -52,7 +52,7 @@ func beatAll(t *testing.T, clients ...*Client) {
 	t.Helper()
 	for range 2 {
 		for _, c := range clients {
-			require.NoError(t, c.degraded.beat(context.Background()))
+			require.NoError(t, c.degraded.heart.Beat(context.Background()))
 		}
 	}
 }
@@ -226,7 +226,7 @@ func TestDegradedSteps(t *testing.T) {
 	r, err = l.Allow(ctx, 1)
 	require.NoError(t, err)
 	assert.Equal(t, Result{Allowed: true, Limit: 4, Remaining: 3, ResetAfter: time.Minute, Window: time.Minute, Reason: ReasonDegraded}, r)
-	require.ErrorIs(t, a.degraded.beat(ctx), ErrUnavailable)
+	require.ErrorIs(t, a.degraded.heart.Beat(ctx), ErrUnavailable)
 	assert.Equal(t, 3, a.DegradedState().Instances, "a failed heartbeat keeps what the last one counted")
 }
 
@@ -264,28 +264,28 @@ func TestDegradedHeartbeatKey(t *testing.T) {
 	// An instance is counted until Expire after its last beat, to the ms;
 	// c's count of 3 is as old, and gives way to its new count.
 	clk.Set(epoch.Add(25 * time.Second))
-	require.NoError(t, b.degraded.beat(ctx))
+	require.NoError(t, b.degraded.heart.Beat(ctx))
 	assert.Equal(t, 3, b.DegradedState().Instances, "a's and c's last beats are Expire old: still counted")
 	clk.Add(time.Millisecond)
-	require.NoError(t, c.degraded.beat(ctx))
+	require.NoError(t, c.degraded.heart.Beat(ctx))
 	assert.Equal(t, DegradedState{Enabled: true, Instances: 2, SameID: 1, Beat: clk.Now()}, c.DegradedState(), "a's is older: gone")
 	clk.Set(epoch.Add(50 * time.Second))
-	require.NoError(t, a.degraded.beat(ctx))
+	require.NoError(t, a.degraded.heart.Beat(ctx))
 	assert.Equal(t, DegradedState{Enabled: true, Instances: 3, SameID: 2, Beat: clk.Now()}, a.DegradedState(), "b and c beat 25 s ago")
 	// Redis loses its data: a's next beat counts a alone, but a lower
 	// count replaces a higher one only once that is Expire old.
 	require.NoError(t, rdb.Del(ctx, "svc:redlimit:instances").Err())
 	clk.Add(time.Millisecond)
-	require.NoError(t, a.degraded.beat(ctx))
+	require.NoError(t, a.degraded.heart.Beat(ctx))
 	assert.Equal(t, int64(1), rdb.ZCard(ctx, "svc:redlimit:instances").Val())
 	assert.Equal(t, DegradedState{Enabled: true, Instances: 3, SameID: 2, Beat: clk.Now()}, a.DegradedState(), "held")
 	clk.Set(epoch.Add(75*time.Second + time.Millisecond))
-	require.NoError(t, a.degraded.beat(ctx))
+	require.NoError(t, a.degraded.heart.Beat(ctx))
 	assert.Equal(t, DegradedState{Enabled: true, Instances: 1, SameID: 1, Beat: clk.Now()}, a.DegradedState(), "the 3 is Expire old")
 
 	// Without a prefix.
 	o := degradedClient(t, rdb, clk, d)
-	require.NoError(t, o.degraded.beat(ctx))
+	require.NoError(t, o.degraded.heart.Beat(ctx))
 	assert.Equal(t, int64(1), rdb.ZCard(ctx, "redlimit:instances").Val())
 	// Defaults.
 	assert.Equal(t, Degraded{Heartbeat: 5 * time.Second, Expire: 15 * time.Second}, New(rdb, WithDegraded(Degraded{MinInstances: -1})).degraded.cfg)
@@ -498,10 +498,10 @@ func TestDegradedHeartbeatCluster(t *testing.T) {
 	var clients []*Client
 	for range 2 {
 		c := New(cc, WithPrefix(prefix), WithDegraded(d))
-		<-c.degraded.first
+		<-c.degraded.heart.First()
 		clients = append(clients, c)
 	}
-	require.NoError(t, clients[0].degraded.beat(ctx))
+	require.NoError(t, clients[0].degraded.heart.Beat(ctx))
 	s := clients[0].DegradedState()
 	assert.Equal(t, 2, s.Instances)
 	assert.WithinDuration(t, time.Now(), s.Beat, time.Minute)

@@ -169,9 +169,7 @@ func TestHandlesConcurrently(t *testing.T) {
 }
 
 func familiesKept(c *Client) int {
-	c.families.mu.RLock()
-	defer c.families.mu.RUnlock()
-	return len(c.families.current) + len(c.families.previous)
+	return c.families.Len()
 }
 
 // cannedReplies answers every EVALSHA with a decision's reply, allowed by

@@ -3,14 +3,14 @@ package redlimit
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
+
+	"github.com/redlimit/redlimit/internal/denials"
+	"github.com/redlimit/redlimit/internal/hotkeys"
+	"github.com/redlimit/redlimit/internal/leasing"
 )
 
 // Hot leases. A lease (lease.go) pays off on a limiter that many decisions
@@ -77,8 +77,7 @@ type HotLeases struct {
 // permits fail with ErrInvalidConfig.
 func WithHotLeases(cfg HotLeases) Option {
 	return func(c *Client) {
-		t := &hotLeases{client: c, cfg: cfg, current: map[string]*hotEntry{}, leased: map[*hotEntry]struct{}{},
-			closing: map[*Limiter]struct{}{}}
+		t := &hotLeases{cfg: cfg}
 		if !(cfg.Above > 0 && cfg.Above < math.Inf(1)) { // and not NaN
 			t.err = fmt.Errorf("%w: hot leases above %v: must be a positive rate", ErrInvalidConfig, cfg.Above)
 		} else if err := cfg.Lease.validate(); err != nil {
@@ -122,23 +121,19 @@ func (c *Client) HotLeaseStats() HotLeaseStats {
 	if t == nil {
 		return HotLeaseStats{}
 	}
-	now := c.clock()
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	s := HotLeaseStats{Above: t.cfg.Above, Lease: t.cfg.Lease, Started: t.started, Cooled: t.cooled, LeaseStats: t.done}
-	for e := range t.leased {
-		e.mu.Lock()
-		h, rate := e.h, e.rate(now, 0)
-		e.mu.Unlock()
-		h.lease.mu.Lock()
-		held, most := h.lease.block.held, h.lease.most(1)
-		h.lease.mu.Unlock()
-		s.Leased = append(s.Leased, HotLease{Limiter: h.name, Algorithm: h.alg.Name, Rate: rate, Held: held, Cap: most})
-		s.LeaseStats.add(h.LeaseStats())
-	}
-	for h := range t.closing {
-		s.LeaseStats.add(h.LeaseStats())
-	}
+	var s HotLeaseStats
+	t.table.Read(c.clock(), func(in hotkeys.Stats[*Limiter]) {
+		s = HotLeaseStats{Above: t.cfg.Above, Lease: t.cfg.Lease, Started: in.Started, Cooled: in.Cooled, LeaseStats: t.done}
+		for _, e := range in.Leased {
+			h := e.Lease
+			held, most := h.lease.Holding()
+			s.Leased = append(s.Leased, HotLease{Limiter: h.name, Algorithm: h.alg.Name, Rate: e.Rate, Held: held, Cap: most})
+			s.LeaseStats.add(h.LeaseStats())
+		}
+		for _, h := range in.Closing {
+			s.LeaseStats.add(h.LeaseStats())
+		}
+	})
 	slices.SortFunc(s.Leased, func(a, b HotLease) int {
 		return cmp.Or(strings.Compare(a.Limiter, b.Limiter), strings.Compare(a.Algorithm, b.Algorithm))
 	})
@@ -149,67 +144,30 @@ func (s *LeaseStats) add(o LeaseStats) {
 	s.Calls, s.Taken, s.Used, s.Returned = s.Calls+o.Calls, s.Taken+o.Taken, s.Used+o.Used, s.Returned+o.Returned
 }
 
-// hotPeriod is what a rate is measured over: the decisions of the current
-// period, and the previous period's weighted by the part of it still
-// within the last hotPeriod (as a sliding window estimates its count).
-const hotPeriod = time.Second
-
-// hotPerGeneration bounds the table of limiters recently decided: as the
-// Client's families are (maxFamilies), it is kept in two generations, so
-// it holds at most twice this many entries (84 bytes each, measured, their
-// names shared with the handles'), however many keys pass through. A
-// limiter dropped from it cools: its rate is counted again from zero.
-const hotPerGeneration = 1024
-
-// hotLeases is a Client's table of the limiters recently decided on it,
-// and the leases of those that are hot. Locks are taken in the order
-// hotLeases.mu, hotEntry.mu, lease.mu.
+// hotLeases is a Client's hot leases: internal/hotkeys measures each
+// limiter's decision rate (its handles' denial key: the algorithm, name,
+// client and config) and keeps a leased handle on each hot one.
 type hotLeases struct {
-	client *Client
-	cfg    HotLeases
-	err    error // the settings', every decision's
-
-	// mu guards the table and the leases: a decision on a limiter in the
-	// current generation only read-locks it, so that decisions do not queue
-	// behind one another.
-	mu                sync.RWMutex
-	current, previous map[string]*hotEntry
-	leased            map[*hotEntry]struct{} // the entries with a lease now
-	closing           map[*Limiter]struct{}  // leases being given back: their figures are not yet in done
-	done              LeaseStats             // what the leases given back did
-	started, cooled   int64
-	timer             *time.Timer // on the real clock, the next sweep, while leases are out
-	// closed: by Client.Close, after which no lease is taken again; swept:
-	// the latest period a decision swept the leases in (sweep).
-	closed atomic.Bool
-	swept  atomic.Int64
+	cfg   HotLeases
+	err   error // the settings', every decision's
+	table *hotkeys.Table[*Limiter]
+	// done is what the leases given back did: written by the table's
+	// Closed and read in its Read, both under its lock.
+	done LeaseStats
 }
 
-// hotEntry is one way of deciding a limiter (its handles' denial key: the
-// algorithm, name, client and config), its recent decisions, and its lease.
-type hotEntry struct {
-	key       string
-	mu        sync.Mutex
-	period    int64 // the period cur counts, in hotPeriods since 1970
-	cur, prev int64
-	h         *Limiter // the leased handle while hot, else nil
-}
-
-// rate counts n decisions at now and returns the rate, in decisions a
-// second, over the last hotPeriod. The entry's lock is held.
-func (e *hotEntry) rate(now time.Time, n int64) float64 {
-	ns := now.UnixNano()
-	p := ns / int64(hotPeriod)
-	switch {
-	case p == e.period+1:
-		e.prev, e.cur = e.cur, 0
-	case p > e.period+1:
-		e.prev, e.cur = 0, 0
+// start makes the table, once the Client's options are known (its clock).
+func (t *hotLeases) start(c *Client) {
+	if t == nil {
+		return
 	}
-	e.period = max(e.period, p) // a clock gone back counts in the latest period
-	e.cur += n
-	left := float64((e.period+1)*int64(hotPeriod)-ns) / float64(hotPeriod)
-	return (float64(e.cur) + float64(e.prev)*min(max(left, 0), 1)) / hotPeriod.Seconds()
+	t.table = hotkeys.New(hotkeys.Config[*Limiter]{
+		Above: t.cfg.Above, Now: c.now,
+		// A refund that fails leaves its permits counted until they age
+		// out: denied to others for a while, never granted twice.
+		Close:  func(ctx context.Context, h *Limiter) error { return h.Close(ctx) },
+		Closed: func(h *Limiter) { t.done.add(h.LeaseStats()) },
+	})
 }
 
 // lease counts a decision of l and returns the leased handle its limiter
@@ -218,139 +176,8 @@ func (t *hotLeases) lease(ctx context.Context, l *Limiter) (*Limiter, error) {
 	if t.err != nil {
 		return nil, t.err
 	}
-	now := t.client.clock()
-	if p, last := now.UnixNano()/int64(hotPeriod), t.swept.Load(); p > last && t.swept.CompareAndSwap(last, p) {
-		t.sweep(ctx, now)
-	}
-	e := t.entry(ctx, l.denial)
-	e.mu.Lock()
-	rate, h := e.rate(now, 1), e.h
-	e.mu.Unlock()
-	if h == nil && (rate <= t.cfg.Above || t.closed.Load()) || h != nil && rate >= t.cfg.Above/2 {
-		return h, nil
-	}
-	// A change, rare: under the table's lock, against a sweep's or a
-	// concurrent decision's.
-	var cooled []*Limiter
-	t.mu.Lock()
-	e.mu.Lock()
-	rate = e.rate(now, 0)
-	switch {
-	case e.h == nil && rate > t.cfg.Above && !t.closed.Load():
-		e.h = l.WithLease(t.cfg.Lease)
-		t.leased[e] = struct{}{}
-		t.started++
-		t.arm(now)
-	case e.h != nil && rate < t.cfg.Above/2:
-		cooled = append(cooled, t.cool(e))
-	}
-	h = e.h
-	e.mu.Unlock()
-	t.mu.Unlock()
-	t.giveBack(ctx, cooled)
+	h, _ := t.table.Lease(ctx, l.denial, func() *Limiter { return l.WithLease(t.cfg.Lease) })
 	return h, nil
-}
-
-// entry returns the table's entry for key, made and moved into the current
-// generation as needed; a generation dropped takes its leases with it.
-func (t *hotLeases) entry(ctx context.Context, key string) *hotEntry {
-	t.mu.RLock()
-	e, current := t.current[key]
-	t.mu.RUnlock()
-	if current {
-		return e
-	}
-	var dropped []*Limiter
-	t.mu.Lock()
-	if e = t.current[key]; e == nil {
-		if e = t.previous[key]; e == nil {
-			e = &hotEntry{key: key}
-		}
-		delete(t.previous, key)
-		if len(t.current) >= hotPerGeneration {
-			for old := range t.leased {
-				if t.previous[old.key] == old {
-					old.mu.Lock()
-					dropped = append(dropped, t.cool(old))
-					old.mu.Unlock()
-				}
-			}
-			t.previous, t.current = t.current, make(map[string]*hotEntry, hotPerGeneration)
-		}
-		t.current[key] = e
-	}
-	t.mu.Unlock()
-	t.giveBack(ctx, dropped)
-	return e
-}
-
-// sweep cools the leased limiters whose rate fell, whether or not they
-// are asked again: a decision in a new period runs it, and on the real
-// clock a timer too.
-func (t *hotLeases) sweep(ctx context.Context, now time.Time) {
-	var cooled []*Limiter
-	t.mu.Lock()
-	for e := range t.leased {
-		e.mu.Lock()
-		if e.rate(now, 0) < t.cfg.Above/2 {
-			cooled = append(cooled, t.cool(e))
-		}
-		e.mu.Unlock()
-	}
-	t.mu.Unlock()
-	t.giveBack(ctx, cooled)
-}
-
-// arm sets the timer that sweeps at the next period, on the real clock
-// (on WithClock's, decisions sweep). Its sweeps go on while leases are
-// out, and so stop within two periods of the last decision. t.mu is held.
-func (t *hotLeases) arm(now time.Time) {
-	if t.client.now != nil || t.timer != nil || len(t.leased) == 0 {
-		return
-	}
-	next := now.Truncate(hotPeriod).Add(hotPeriod)
-	t.timer = time.AfterFunc(next.Sub(now), func() {
-		t.sweep(context.Background(), time.Now())
-		t.mu.Lock()
-		t.timer = nil
-		t.arm(time.Now())
-		t.mu.Unlock()
-	})
-}
-
-// cool takes e's lease off it, for giveBack. t.mu and e.mu are held.
-func (t *hotLeases) cool(e *hotEntry) *Limiter {
-	h := e.h
-	e.h = nil
-	delete(t.leased, e)
-	t.closing[h] = struct{}{}
-	t.cooled++
-	return h
-}
-
-// giveBack closes the leased handles cooled: on WithClock's clock before
-// the decision goes on, in order, so that a run on a controlled clock is
-// the same every time; else meanwhile.
-func (t *hotLeases) giveBack(ctx context.Context, cooled []*Limiter) {
-	for _, h := range cooled {
-		if t.client.now != nil {
-			_ = t.closeLease(ctx, h)
-		} else {
-			go t.closeLease(context.Background(), h)
-		}
-	}
-}
-
-// closeLease gives back what h holds, as Limiter.Close does (a refund
-// that fails leaves its permits counted until they age out: denied to
-// others for a while, never granted twice), and counts what h did.
-func (t *hotLeases) closeLease(ctx context.Context, h *Limiter) error {
-	err := h.Close(ctx)
-	t.mu.Lock()
-	delete(t.closing, h)
-	t.done.add(h.LeaseStats())
-	t.mu.Unlock()
-	return err
 }
 
 // close ends hot leasing (Client.Close): every lease goes back, and none
@@ -359,39 +186,20 @@ func (t *hotLeases) close(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	var cooled []*Limiter
-	t.mu.Lock()
-	t.closed.Store(true)
-	for e := range t.leased {
-		e.mu.Lock()
-		cooled = append(cooled, t.cool(e))
-		e.mu.Unlock()
-	}
-	if t.timer != nil {
-		t.timer.Stop()
-		t.timer = nil
-	}
-	t.mu.Unlock()
-	var errs []error
-	for _, h := range cooled {
-		errs = append(errs, t.closeLease(ctx, h))
-	}
-	return errors.Join(errs...)
+	return t.table.Close(ctx)
 }
 
 // forget drops the local denials of the hot leases on the limiter key
 // names, however it is decided (Limiter.forget).
 func (t *hotLeases) forget(key string) {
-	limiter, _ := splitDenialKey(key)
-	var leases []*lease
-	t.mu.RLock()
-	for e := range t.leased {
-		if l, _ := splitDenialKey(e.key); l == limiter {
-			leases = append(leases, e.h.lease) // e.h changes under t.mu's write lock
+	limiter, _ := denials.Split(key)
+	var leases []*leasing.Lease[Result]
+	t.table.Leases(func(k string, h *Limiter) {
+		if l, _ := denials.Split(k); l == limiter {
+			leases = append(leases, h.lease)
 		}
-	}
-	t.mu.RUnlock()
+	})
 	for _, s := range leases {
-		s.forgetDenial()
+		s.ForgetDenial()
 	}
 }

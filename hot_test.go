@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/hotkeys"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -296,22 +297,22 @@ func TestHotLeaseTableBounded(t *testing.T) {
 		_, err := hot().Allow(ctx, 1)
 		require.NoError(t, err)
 	}
-	flood(3*hotPerGeneration, 8)
-	t.Logf("%d entries after %d keys", len(c.hot.current)+len(c.hot.previous), key)
-	assert.LessOrEqual(t, len(c.hot.current)+len(c.hot.previous), 2*hotPerGeneration)
+	flood(3*hotkeys.PerGeneration, 8)
+	t.Logf("%d entries after %d keys", c.hot.table.Len(), key)
+	assert.LessOrEqual(t, c.hot.table.Len(), 2*hotkeys.PerGeneration)
 	s := c.HotLeaseStats()
 	require.Len(t, s.Leased, 1)
 	assert.Equal(t, hot().Name(), s.Leased[0].Limiter)
 	assert.Equal(t, [2]int64{1, 0}, [2]int64{s.Started, s.Cooled})
-	assert.Equal(t, int64(200+3*hotPerGeneration/8), s.Used+100, "the first 100 from Redis")
+	assert.Equal(t, int64(200+3*hotkeys.PerGeneration/8), s.Used+100, "the first 100 from Redis")
 
-	flood(2*hotPerGeneration, 0) // within the same second: it is still hot, but forgotten
+	flood(2*hotkeys.PerGeneration, 0) // within the same second: it is still hot, but forgotten
 	s = c.HotLeaseStats()
 	assert.Empty(t, s.Leased)
 	assert.Equal(t, [2]int64{1, 1}, [2]int64{s.Started, s.Cooled})
 	assert.Equal(t, s.Taken-s.Used, s.Returned, "its block given back")
-	assert.Equal(t, int64(1_000_000-200-3*hotPerGeneration/8), available(t, hot()))
-	assert.LessOrEqual(t, len(c.hot.current)+len(c.hot.previous), 2*hotPerGeneration)
+	assert.Equal(t, int64(1_000_000-200-3*hotkeys.PerGeneration/8), available(t, hot()))
+	assert.LessOrEqual(t, c.hot.table.Len(), 2*hotkeys.PerGeneration)
 }
 
 // Bad settings are refused: every decision that takes permits fails with

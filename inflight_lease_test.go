@@ -3,7 +3,6 @@ package redlimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -474,15 +473,4 @@ func TestInFlightDroppedHoldSaysSo(t *testing.T) {
 			}
 		}
 	})
-}
-
-// The margin the lease keeps, as the tests above count it.
-func TestInFlightLeaseMargin(t *testing.T) {
-	for _, c := range []struct{ ttl, margin time.Duration }{
-		{10 * time.Millisecond, 3 * time.Millisecond},
-		{600 * time.Millisecond, 62 * time.Millisecond},
-		{30 * time.Second, 3002 * time.Millisecond},
-	} {
-		assert.Equal(t, c.margin, leaseMargin(c.ttl), fmt.Sprint(c.ttl))
-	}
 }

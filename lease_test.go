@@ -13,25 +13,27 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/leasing"
 	"github.com/redlimit/redlimit/internal/redistest"
+	"github.com/redlimit/redlimit/internal/requestid"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
 // leaseOf takes want permits, or as few as least, as a lease does: the
 // block, with the grant's time (µs on Redis's clock, here the test's) and
 // the take's id, which a refund names.
-func leaseOf(t *testing.T, l *Limiter, want, least int64) block {
+func leaseOf(t *testing.T, l *Limiter, want, least int64) leasing.Block {
 	t.Helper()
-	id := newRequestID()
+	id := requestid.New()
 	_, d, err := l.ask(context.Background(), request{op: opReserve, permits: want, least: least, id: id, logWindow: time.Minute.Milliseconds()})
 	require.NoError(t, err)
-	return block{held: d.Taken, size: d.Taken, at: d.GrantAt, id: id}
+	return leasing.Block{Held: d.Taken, Size: d.Taken, At: d.GrantAt, ID: id}
 }
 
 // refundOf gives back what b holds, and returns what Redis took back.
-func refundOf(t *testing.T, l *Limiter, b block) int64 {
+func refundOf(t *testing.T, l *Limiter, b leasing.Block) int64 {
 	t.Helper()
-	r, _, err := l.ask(context.Background(), request{op: opRelease, permits: b.held, id: b.id, grantAt: b.at, grantSize: b.size})
+	r, _, err := l.ask(context.Background(), request{op: opRelease, permits: b.Held, id: b.ID, grantAt: b.At, grantSize: b.Size})
 	require.NoError(t, err)
 	return r.Remaining
 }
@@ -54,8 +56,8 @@ func TestLeaseRefundGivesBackOnlyItsGrant(t *testing.T) {
 			clk := newClock()
 			l := newClient(rdb, clk).Funnel(uniqueName(t)).WithDefault(PerSecond(10))
 			b := leaseOf(t, l, 5, 1)
-			require.Equal(t, int64(5), b.size)
-			assert.Equal(t, clk.Now().UnixMicro(), b.at)
+			require.Equal(t, int64(5), b.Size)
+			assert.Equal(t, clk.Now().UnixMicro(), b.At)
 			clk.Add(200 * time.Millisecond)
 			assert.Equal(t, int64(3), refundOf(t, l, b), "2 of the 5 have drained by 200 ms")
 			assert.Equal(t, int64(10), available(t, l), "as if they were never taken")
@@ -141,9 +143,9 @@ func TestLeaseTakesWhatFits(t *testing.T) {
 	eachAlgorithm(t, func(t *testing.T, rdb redis.UniversalClient, a algo) {
 		clk := newClock()
 		l := a.new(newClient(rdb, clk), uniqueName(t)).WithDefault(a.counting(10))
-		assert.Equal(t, int64(6), leaseOf(t, l, 6, 2).size)
-		assert.Equal(t, int64(4), leaseOf(t, l, 6, 2).size, "4 fit")
-		assert.Equal(t, int64(0), leaseOf(t, l, 6, 1).size)
+		assert.Equal(t, int64(6), leaseOf(t, l, 6, 2).Size)
+		assert.Equal(t, int64(4), leaseOf(t, l, 6, 2).Size, "4 fit")
+		assert.Equal(t, int64(0), leaseOf(t, l, 6, 1).Size)
 	})
 }
 
@@ -371,7 +373,8 @@ func TestLeaseRefundOnce(t *testing.T) {
 		l := newClient(rec, clk).FixedWindow(uniqueName(t)).WithDefault(PerSecond(10))
 		b := leaseOf(t, l, 5, 1)
 		_ = leaseOf(t, l, 5, 1)
-		require.NoError(t, l.WithLease(Lease{Time: time.Second}).refund(ctx, b))
+		_, err := leaseCalls{l: l, time: time.Second}.Refund(ctx, b)
+		require.NoError(t, err)
 		assert.Equal(t, int64(5), available(t, l))
 		assert.Equal(t, int64(0), rec.Do(ctx, last.refund...).Val(), "the same refund, again")
 		assert.Equal(t, int64(5), available(t, l))
@@ -562,8 +565,8 @@ func TestLeaseTakeResent(t *testing.T) {
 		ctx := context.Background()
 		clk := newClock()
 		l := newClient(rdb, clk, WithRetryWindow(time.Minute)).FixedWindow(uniqueName(t)).WithDefault(PerSecond(10))
-		require.Equal(t, int64(6), leaseOf(t, l, 6, 1).size)
-		id := newRequestID()
+		require.Equal(t, int64(6), leaseOf(t, l, 6, 1).Size)
+		id := requestid.New()
 		take := func() int64 {
 			_, d, err := l.ask(ctx, request{op: opReserve, permits: 6, least: 1, id: id, logWindow: time.Minute.Milliseconds()})
 			require.NoError(t, err)

@@ -31,10 +31,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/calendar"
+	"github.com/redlimit/redlimit/internal/leasing"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -89,10 +90,10 @@ type Limiter struct {
 	dflt           Config
 	dfltRates      []wire.Rate // dflt's, as replies give them
 	err            error
-	denial         string       // its requests' key in the Client's cache of denials (setDenial)
-	shadow         bool         // WithShadow: every decision in shadow mode
-	calendars      *calendarSet // the handle's config's calendar rates, or nil
-	lease          *lease       // WithLease's block, or nil
+	denial         string                 // its requests' key in the Client's cache of denials (setDenial)
+	shadow         bool                   // WithShadow: every decision in shadow mode
+	calendars      *calendar.Set          // the handle's config's calendar rates, or nil
+	lease          *leasing.Lease[Result] // WithLease's blocks (lease.go), or nil
 }
 
 // family is what a Client keeps of one limiter, an algorithm under a name:
@@ -113,7 +114,7 @@ type family struct {
 	hashed atomic.Bool
 	// calendars: the calendar rates a script last named for the limiter
 	// (wire.ReplyCalendar), or nil.
-	calendars atomic.Pointer[calendarSet]
+	calendars atomic.Pointer[calendar.Set]
 	// full: the limiter needs the decision script (a stored config of
 	// several rates, say): its decisions do not try the lean one.
 	full atomic.Bool
@@ -130,60 +131,36 @@ type family struct {
 type familyKey struct{ alg, name string }
 
 // maxFamilies bounds the families a Client keeps. A service may make a
-// limiter per user, millions of names, so they are kept in two generations:
-// a family found in the previous generation moves to the current one, and
-// once the current one holds familiesPerGeneration and both together twice
-// that, the current one becomes the previous one and the previous one is
-// dropped. Limiters in use so stay however many names pass through; a set
-// of up to twice familiesPerGeneration names in use (10,922: the bench's
-// 10,000, walked in a cycle) is kept whole; and at most maxFamilies are
-// kept at any moment: 1.4 KB each with a default handle and a short name
-// (measured), 22 MB at most. Exact recency (an LRU list) would take a lock
-// on every handle made; a dropped family costs only its rebuilding, 30 to
-// 50 allocations, and its relearning: one EVALSHA for a PerClient limiter,
-// one failed read in the script for a stored config.
+// limiter per user, millions of names, so they are kept in two generations
+// (internal/generations): once the current one holds familiesPerGeneration
+// and both together twice that, the current one becomes the previous one
+// and the previous one is dropped. Limiters in use so stay however many
+// names pass through; a set of up to twice familiesPerGeneration names in
+// use (10,922: the bench's 10,000, walked in a cycle) is kept whole; and at
+// most maxFamilies are kept at any moment: 1.4 KB each with a default
+// handle and a short name (measured), 22 MB at most. A dropped family costs
+// only its rebuilding, 30 to 50 allocations, and its relearning: one
+// EVALSHA for a PerClient limiter, one failed read in the script for a
+// stored config.
 const (
 	maxFamilies           = 3 * familiesPerGeneration
 	familiesPerGeneration = 5461
 )
 
-// families is what a Client keeps of its limiters, in two generations (see
-// maxFamilies). A lookup takes a read lock: a plain map with a
-// struct key allocates nothing, where a sync.Map boxes the key.
-type families struct {
-	mu                sync.RWMutex
-	current, previous map[familyKey]*family
-}
-
 // limiter returns the handle on the limiter alg keeps under name: its
 // family's, made the first time.
 func (c *Client) limiter(name string, alg *wire.Algorithm) *Limiter {
 	key := familyKey{alg.Name, name}
-	fs := &c.families
-	fs.mu.RLock()
-	f, current := fs.current[key]
-	if !current {
-		f = fs.previous[key]
-	}
-	fs.mu.RUnlock()
+	f, found, current := c.families.Get(key)
 	if current {
 		return &f.base
 	}
-	if f == nil {
+	if !found {
 		if f = c.newFamily(name, alg); f.base.err != nil {
 			return &f.base // made again on every call: mistakes need no speed
 		}
 	}
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	if kept, ok := fs.current[key]; ok {
-		return &kept.base // another caller's, made meanwhile
-	}
-	delete(fs.previous, key) // moving to the current generation
-	if len(fs.current) >= familiesPerGeneration && len(fs.current)+len(fs.previous) >= 2*familiesPerGeneration {
-		fs.previous, fs.current = fs.current, make(map[familyKey]*family)
-	}
-	fs.current[key] = f
+	f, _ = c.families.Keep(key, f) // another caller's, if made meanwhile
 	return &f.base
 }
 
@@ -291,7 +268,7 @@ func (l *Limiter) withConfig(source wire.Source, cfg Config) *Limiter {
 	d.lease = nil // a block was taken under the handle's config: lease again after WithDefault
 	d.calendars = nil
 	if cals := cfg.calendars(); len(cals) > 0 {
-		d.calendars, _ = newCalendarSet(wire.EncodeCalendars(cals))
+		d.calendars, _ = calendar.NewSet(wire.EncodeCalendars(cals))
 	}
 	d.setDenial()
 	return &d

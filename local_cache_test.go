@@ -2,12 +2,10 @@ package redlimit
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redlimit/redlimit/internal/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -218,28 +216,6 @@ func TestLocalCacheDefaults(t *testing.T) {
 		assert.True(t, tw.allow(t, hourly).Allowed, "Reset through one handle dropped the other's cached denial")
 		assert.Equal(t, before+1, tw.roundTrips())
 	})
-}
-
-// Limiters that stop being asked do not stay in memory: every sweepEvery
-// stores, expired denials go, and so do limiters left with none.
-func TestLocalCacheSweep(t *testing.T) {
-	d := &denials{}
-	denied := Result{Limit: 1, RetryAfter: time.Second}
-	gone := denialKey("funnel:gone", "")
-	d.store(gone, 1, denied, epoch)
-	later := epoch.Add(2 * time.Second) // past gone's RetryAfter
-	kept := denialKey("funnel:kept", Config{Rate: 1, Interval: time.Second}.arg(wire.SourceDefault))
-	for i := range sweepEvery - 2 {
-		d.store(denialKey(fmt.Sprint("funnel:", i), ""), 1, Result{Limit: 1, RetryAfter: time.Hour}, later)
-	}
-	_, ok := d.m.Load("funnel:gone")
-	require.True(t, ok, "no sweep before the %dth store", sweepEvery)
-	d.store(kept, 1, Result{Limit: 1, RetryAfter: time.Hour}, later) // the sweepEvery-th
-	_, ok = d.m.Load("funnel:gone")
-	assert.False(t, ok, "a limiter whose denials all expired is dropped")
-	r, ok := d.lookup(kept, 1, later)
-	assert.True(t, ok)
-	assert.Equal(t, time.Hour, r.RetryAfter)
 }
 
 // A cached denial answers only what Redis would answer, and shadow mode is

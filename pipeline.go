@@ -2,16 +2,15 @@ package redlimit
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/calendar"
 	"github.com/redlimit/redlimit/internal/evalsha"
+	"github.com/redlimit/redlimit/internal/requestid"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -45,15 +44,15 @@ func (l *Limiter) decide(ctx context.Context, permits int64) (Result, error) {
 		served = err != nil
 	}
 	if local && !served && leased != nil && leased.lease != nil {
-		r, err, served = leased.lease.allow(ctx, leased, permits)
+		r, err, served = leased.allowLeased(ctx, permits)
 	}
 	if local && !served && c.denials != nil {
-		r, served = c.denials.lookup(l.denial, permits, c.clock())
+		r, served = c.cachedDenial(l, permits)
 	}
 	if !served {
 		r, _, err = l.ask(ctx, request{op: opAllow, permits: permits})
 		if err == nil && c.denials != nil && permits > 0 {
-			c.denials.store(l.denial, permits, r, c.clock())
+			c.cacheDenial(l, permits, r)
 		}
 	}
 	r, err, open := c.settle(ctx, l, permits, r, err)
@@ -121,10 +120,10 @@ func (c *Client) tell(l *Limiter, permits int64, r Result, err error, start time
 // a leased handle's own, and the Client's hot leases on the limiter.
 func (l *Limiter) forget() {
 	if l.client.denials != nil && l.err == nil {
-		l.client.denials.forget(l.denial)
+		l.client.denials.Forget(l.denial)
 	}
 	if l.lease != nil {
-		l.lease.forgetDenial()
+		l.lease.ForgetDenial()
 	}
 	if l.client.hot != nil && l.err == nil {
 		l.client.hot.forget(l.denial)
@@ -141,7 +140,7 @@ type request struct {
 	// grantSize, the reservation's grant. id names either.
 	least, logWindow   int64
 	grantAt, grantSize int64
-	id                 *requestID
+	id                 *requestid.ID
 	calendarLearnt     bool
 	settling           // a settle's own arguments, and a reservation's timeout (reserve.go)
 }
@@ -199,9 +198,9 @@ func (l *Limiter) frame(req request, args []any) framed {
 	if c.now != nil {
 		now = c.now().UnixMicro()
 	}
-	calendar := noArg
+	calendarArg := noArg
 	if cals := l.calendarsSent(); cals != nil {
-		calendar = cals.arg(c.clock())
+		calendarArg = cals.Arg(c.clock())
 	}
 	reserve, release := req.op == opReserve, req.op == opRelease || req.op == opSettle
 	// A request id names the token bucket's record, the request log's
@@ -211,7 +210,7 @@ func (l *Limiter) frame(req request, args []any) framed {
 	if req.id != nil {
 		id = req.id
 	} else if reserve || counts && (l.alg.Records || c.retryWindow > 0) {
-		id = newRequestID()
+		id = requestid.New()
 	}
 	logWindow := c.retryWindowArg
 	if reserve {
@@ -236,14 +235,14 @@ func (l *Limiter) frame(req request, args []any) framed {
 		n = wire.ArgClientID
 	case id != noArg:
 		n = wire.ArgID
-	case calendar != noArg:
+	case calendarArg != noArg:
 		n = wire.ArgCalendar
 	}
 	keys := l.keyArgs
 	if !whole {
 		keys = keys[:l.alg.Registry()-1]
 	}
-	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendar
+	args[wire.ArgNow-1], args[wire.ArgPermits-1], args[wire.ArgConfig-1], args[wire.ArgCalendar-1] = now, req.permits, l.configArg(), calendarArg
 	args[wire.ArgID-1], args[wire.ArgLogWindow-1], args[wire.ArgClientID-1] = id, logWindow, l.clientID
 	args[wire.ArgLeast-1], args[wire.ArgGrantAt-1], args[wire.ArgGrantSize-1] = req.least, req.grantAt, req.grantSize
 	if reserve || release {
@@ -273,7 +272,7 @@ func (l *Limiter) answer(ctx context.Context, req *request, f framed, reply any)
 	case strings.HasPrefix(s, wire.ReplyCalendar) && !req.calendarLearnt:
 		// The config in force has calendar rates other than those sent: the
 		// script names them, and the family sends them from now on.
-		cals, ok := newCalendarSet(s[len(wire.ReplyCalendar):])
+		cals, ok := calendar.NewSet(s[len(wire.ReplyCalendar):])
 		if !ok {
 			return Result{}, wire.Decision{}, false, fmt.Errorf("%w: %s: field calendar = %q", ErrCorruptState, l.name, s[len(wire.ReplyCalendar):])
 		}
@@ -339,7 +338,7 @@ func micros(us int64) time.Duration {
 // a script last named for the limiter, else the handle's own config's. A
 // handle whose config is in force whatever is stored (Throttle's, SetRate's)
 // sends its own.
-func (l *Limiter) calendarsSent() *calendarSet {
+func (l *Limiter) calendarsSent() *calendar.Set {
 	if l.source == wire.SourceFixed || l.source == wire.SourceNew {
 		return l.calendars
 	}
@@ -403,18 +402,3 @@ func (l *Limiter) everyClient(ctx context.Context, op wire.Op, value any) (bool,
 	}
 	return false, fmt.Errorf("redlimit: %s %s: clients kept appearing", op, l.name)
 }
-
-// requestID is a request's id: 16 hex digits in one allocation, where a
-// string would take two (its bytes, and its box as an argument). go-redis
-// writes it through MarshalBinary.
-type requestID [16]byte
-
-func newRequestID() *requestID {
-	id := new(requestID)
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
-	hex.Encode(id[:], b[:])
-	return id
-}
-
-func (id *requestID) MarshalBinary() ([]byte, error) { return id[:], nil }

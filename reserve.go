@@ -2,11 +2,11 @@ package redlimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/requestid"
+	"github.com/redlimit/redlimit/internal/settle"
 	"github.com/redlimit/redlimit/internal/wire"
 )
 
@@ -124,7 +124,7 @@ func (l *Limiter) Reserve(ctx context.Context, permits int64, opts ...ReserveOpt
 		}
 	}
 	start := time.Now()
-	id := newRequestID()
+	id := requestid.New()
 	r, d, err := l.ask(ctx, request{op: opReserve, permits: permits, least: permits, id: id,
 		logWindow: l.client.retryWindow.Milliseconds(), settling: settling{timeoutMS: timeoutMS}})
 	if err == nil {
@@ -137,7 +137,8 @@ func (l *Limiter) Reserve(ctx context.Context, permits int64, opts ...ReserveOpt
 	}
 	res := Reservation{Result: r, Taken: d.Taken, limiter: l}
 	if d.Taken > 0 {
-		s.entry, s.at, s.taken, s.ledger, s.held = id, d.GrantAt, d.Taken, d.Taken, d.Taken
+		s.at, s.taken = d.GrantAt, d.Taken
+		s.ledger = settle.New(id, d.Taken, !s.capped && l.alg.Charges)
 		res.s = s
 	}
 	return res, err
@@ -180,34 +181,16 @@ func (r Reservation) Release(ctx context.Context, permits int64) (int64, error) 
 	return res.Refunded, err
 }
 
-// settlement is a reservation's state, shared by its copies: the request
-// log's entry it is under, what it holds, and how it may be settled.
+// settlement is a reservation's options and grant, and its ledger
+// (internal/settle), shared by its copies.
 type settlement struct {
 	within  time.Duration // SettleWithin's
 	timed   bool          // SettleWithin was given
 	maxDebt int64         // MaxDebt's, or -1
 	capped  bool          // MaxDebt was given
 
-	entry     *requestID // its entry in the request log: the grant's id, until a settle moves it
-	at, taken int64      // the grant: its time on Redis's clock (µs), its permits
-
-	mu sync.Mutex // held through a settle's round trip: one at a time
-	// ledger is what the entry stands for: the grant, or the highest cost
-	// reported above it. held is Taken and what settles charged, less what
-	// they gave back; running, the highest cost reported.
-	ledger, held, running int64
-	closed                bool
-	// pending is a settle whose reply was lost: it may have been counted,
-	// so it is sent again, first, before the next (it counts once).
-	pending *settleStep
-}
-
-// settleStep is one settle request: amount more, counted as the entry
-// moves from from to next, leaving the ledger at ledger.
-type settleStep struct {
-	from, next *requestID
-	amount     int64
-	ledger     int64
+	at, taken int64 // the grant: its time on Redis's clock (µs), its permits
+	ledger    *settle.Ledger
 }
 
 // settle reports the cost actual, finally or not; release, when above
@@ -223,93 +206,37 @@ func (r Reservation) settle(ctx context.Context, actual, release int64, final bo
 	case l == nil || s == nil:
 		return SettleResult{}, nil // a reservation that took nothing settles nothing
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	res := SettleResult{Held: s.held}
-	if release > 0 {
-		actual = max(s.running, s.ledger-min(release, s.ledger))
-	}
-	switch {
-	case s.closed:
-		if actual > s.ledger {
-			res.Uncharged = actual - s.ledger
-		}
-		return res, nil
-	case actual < s.running && final:
-		return res, fmt.Errorf("%w: %d: below the cost of %d reported already", ErrInvalidPermits, actual, s.running)
-	case actual < s.running:
-		return res, nil
-	}
-	if s.pending != nil {
-		if err := s.send(ctx, l, &res, *s.pending); err != nil {
-			return res, err
-		}
-	}
-	reported := s.running
-	s.running = actual
-	switch {
-	case actual > s.ledger:
-		step := settleStep{from: s.entry, next: newRequestID(), amount: actual - s.ledger, ledger: actual}
-		if err := s.send(ctx, l, &res, step); err != nil {
-			if s.pending == nil {
-				s.running = reported // refused: the report is not taken
-			}
-			return res, err
-		}
-	case final && actual < s.ledger:
-		// Only a reservation never charged beyond its grant gets here (a
-		// ledger above the grant's is a cost reported, and actual is no
-		// less): its entry is the grant's id, and this is its release.
-		back, _, err := l.ask(ctx, request{op: opRelease, permits: s.ledger - actual, id: s.entry, grantAt: s.at, grantSize: s.taken})
-		if err != nil {
-			return res, err
-		}
-		l.forget()
-		res.Refunded = back.Remaining
-		s.held -= back.Remaining
-	}
-	s.closed = final
-	res.Held = s.held
-	return res, nil
+	res, err := s.ledger.Settle(ctx, grant{l, s}, actual, release, final)
+	return SettleResult(res), err
 }
 
-// send runs step, adding what it did to res. A step whose reply may have
-// been lost (Redis unavailable, the caller gone) is pending: sent again
-// before the next, it counts once (its entry has moved on if it counted).
-// One Redis refused (a debt past what the state holds) counted nothing.
-func (s *settlement) send(ctx context.Context, l *Limiter, res *SettleResult, step settleStep) error {
-	r, _, err := l.ask(ctx, request{op: opSettle, permits: step.amount, id: step.from, grantAt: s.at, grantSize: s.taken,
-		settling: settling{next: step.next, maxDebt: s.maxDebt}})
+// grant is how a reservation's ledger reaches its grant in Redis.
+type grant struct {
+	l *Limiter
+	s *settlement
+}
+
+func (g grant) Settle(ctx context.Context, from, next *requestid.ID, amount int64) (int64, error) {
+	r, _, err := g.l.ask(ctx, request{op: opSettle, permits: amount, id: from, grantAt: g.s.at, grantSize: g.s.taken,
+		settling: settling{next: next, maxDebt: g.s.maxDebt}})
+	return r.Remaining, err
+}
+
+func (g grant) Release(ctx context.Context, entry *requestid.ID, permits int64) (int64, error) {
+	r, _, err := g.l.ask(ctx, request{op: opRelease, permits: permits, id: entry, grantAt: g.s.at, grantSize: g.s.taken})
 	if err != nil {
-		s.pending = nil
-		if errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			s.pending = &step
-		}
-		return err
+		return 0, err
 	}
-	s.pending = nil
-	s.entry, s.ledger = step.next, step.ledger
-	charged := r.Remaining
-	if charged == wire.SettledBefore {
-		// Counted by an earlier run whose reply was lost: all of it, unless
-		// something may have capped it, when how much is not known.
-		if s.capped || !l.alg.Charges {
-			return nil
-		}
-		charged = step.amount
-	}
-	res.Charged += charged
-	res.Uncharged += step.amount - charged
-	s.held += charged
-	return nil
+	g.l.forget()
+	return r.Remaining, nil
 }
 
 // settling is what a reservation and a settle add to a request: their
 // arguments after wire.ArgGrantSize.
 type settling struct {
-	timeoutMS int64      // reserve: SettleWithin's, in ms; 0 for none
-	next      *requestID // settle: the id its entry moves to
-	maxDebt   int64      // settle: MaxDebt's, or -1
+	timeoutMS int64         // reserve: SettleWithin's, in ms; 0 for none
+	next      *requestid.ID // settle: the id its entry moves to
+	maxDebt   int64         // settle: MaxDebt's, or -1
 }
 
 // args writes s's arguments in their places.

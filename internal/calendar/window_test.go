@@ -1,4 +1,4 @@
-package redlimit
+package calendar
 
 import (
 	"strconv"
@@ -6,7 +6,6 @@ import (
 	"time"
 	_ "time/tzdata" // the zones below are Go's own, not whatever the machine's zoneinfo holds
 
-	"github.com/redlimit/redlimit/internal/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -39,7 +38,7 @@ func utcAt(y int, m time.Month, d, hour, minute int) time.Time {
 // length long (the length is said again so a row reads as the day it tests).
 type windowCase struct {
 	name       string
-	cal        Calendar
+	cal        Rule
 	at         time.Time
 	start, end time.Time
 	long       time.Duration
@@ -50,7 +49,7 @@ func checkWindows(t *testing.T, cases []windowCase) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.long, tc.end.Sub(tc.start), "the row's own arithmetic")
-			start, end := tc.cal.window(tc.at)
+			start, end := tc.cal.Window(tc.at)
 			assert.Equal(t, tc.start, start.UTC(), "start")
 			assert.Equal(t, tc.end, end.UTC(), "end")
 		})
@@ -58,7 +57,7 @@ func checkWindows(t *testing.T, cases []windowCase) {
 }
 
 func TestCalendarWindowDaily(t *testing.T) {
-	day := func(name string) Calendar { return Calendar{Period: Daily, Location: calendarZone(t, name)} }
+	day := func(name string) Rule { return Rule{Period: Daily, Location: calendarZone(t, name)} }
 	ny, berlin, kolkata := day("America/New_York"), day("Europe/Berlin"), day("Asia/Kolkata")
 	lordHowe, santiago, havana := day("Australia/Lord_Howe"), day("America/Santiago"), day("America/Havana")
 	checkWindows(t, []windowCase{
@@ -115,10 +114,10 @@ func TestCalendarWindowDaily(t *testing.T) {
 // needs normalising: a skipped midnight, for which time.Date answers 23:00
 // of the day before, and days past the month's end.
 func TestCalendarWindowMidnight(t *testing.T) {
-	cal := func(name string) Calendar { return Calendar{Period: Daily, Location: calendarZone(t, name)} }
+	cal := func(name string) Rule { return Rule{Period: Daily, Location: calendarZone(t, name)} }
 	for _, tc := range []struct {
 		name string
-		cal  Calendar
+		cal  Rule
 		y    int
 		m    time.Month
 		d    int
@@ -144,7 +143,7 @@ func TestCalendarWindowMidnight(t *testing.T) {
 // next one does (not at the next date with the same day of the month,
 // 2012-01-30).
 func TestCalendarWindowSkippedDate(t *testing.T) {
-	apia := Calendar{Period: Daily, Location: calendarZone(t, "Pacific/Apia")}
+	apia := Rule{Period: Daily, Location: calendarZone(t, "Pacific/Apia")}
 	assert.Equal(t, utcAt(2011, 12, 30, 10, 0), apia.begins(dateOf(2011, 12, 30)).UTC(), "midnight of the skipped date")
 	checkWindows(t, []windowCase{
 		{"Apia/2011-12-29", apia, utcAt(2011, 12, 29, 22, 0), utcAt(2011, 12, 29, 10, 0), utcAt(2011, 12, 30, 10, 0), 24 * time.Hour},
@@ -153,8 +152,8 @@ func TestCalendarWindowSkippedDate(t *testing.T) {
 }
 
 func TestCalendarWindowMonthly(t *testing.T) {
-	month := func(name string, day int) Calendar {
-		return Calendar{Period: Monthly, Location: calendarZone(t, name), Day: day}
+	month := func(name string, day int) Rule {
+		return Rule{Period: Monthly, Location: calendarZone(t, name), Day: day}
 	}
 	const day = 24 * time.Hour
 	nyFirst, utcFirst, lordHoweFirst := month("America/New_York", 1), month("UTC", 1), month("Australia/Lord_Howe", 1)
@@ -195,8 +194,8 @@ func TestCalendarWindowMonthly(t *testing.T) {
 }
 
 func TestCalendarWindowWeekly(t *testing.T) {
-	week := func(name string, first time.Weekday) Calendar {
-		return Calendar{Period: Weekly, Location: calendarZone(t, name), Weekday: first}
+	week := func(name string, first time.Weekday) Rule {
+		return Rule{Period: Weekly, Location: calendarZone(t, name), Weekday: first}
 	}
 	const day = 24 * time.Hour
 	nyMonday, nySunday := week("America/New_York", time.Monday), week("America/New_York", time.Sunday)
@@ -228,7 +227,7 @@ func TestCalendarWindowWalk(t *testing.T) {
 		"America/Santiago", "America/Havana", "Africa/Cairo", "Atlantic/Azores"}
 	type period struct {
 		name     string
-		cal      Calendar
+		cal      Rule
 		shortest time.Duration
 		windows  int // from the one holding 2026-01-01 00:00 to the one holding 2028-12-31 23:59
 	}
@@ -236,29 +235,29 @@ func TestCalendarWindowWalk(t *testing.T) {
 		loc := calendarZone(t, name)
 		periods := []period{
 			// 2026 through 2028: 365 + 365 + 366 days.
-			{"day", Calendar{Period: Daily, Location: loc}, 23 * time.Hour, 1096},
+			{"day", Rule{Period: Daily, Location: loc}, 23 * time.Hour, 1096},
 			// Monday 2025-12-29 through Sunday 2028-12-31: 1,099 days, 157 weeks.
-			{"week from Monday", Calendar{Period: Weekly, Location: loc, Weekday: time.Monday}, 7*day - time.Hour, 157},
+			{"week from Monday", Rule{Period: Weekly, Location: loc, Weekday: time.Monday}, 7*day - time.Hour, 157},
 			// Sunday 2025-12-28 through Sunday 2028-12-31: 1,100 days, 157 weeks and the one starting on the last day.
-			{"week from Sunday", Calendar{Period: Weekly, Location: loc, Weekday: time.Sunday}, 7*day - time.Hour, 158},
+			{"week from Sunday", Rule{Period: Weekly, Location: loc, Weekday: time.Sunday}, 7*day - time.Hour, 158},
 			// Thursday 2026-01-01 starts a week; 2028-12-28 the last: 1,092 days later.
-			{"week from Thursday", Calendar{Period: Weekly, Location: loc, Weekday: time.Thursday}, 7*day - time.Hour, 157},
-			{"month from the 1st", Calendar{Period: Monthly, Location: loc, Day: 1}, 28*day - time.Hour, 36},
+			{"week from Thursday", Rule{Period: Weekly, Location: loc, Weekday: time.Thursday}, 7*day - time.Hour, 157},
+			{"month from the 1st", Rule{Period: Monthly, Location: loc, Day: 1}, 28*day - time.Hour, 36},
 			// December 2025's window holds the start, then one per month.
-			{"month from the 29th", Calendar{Period: Monthly, Location: loc, Day: 29}, 28*day - time.Hour, 37},
-			{"month from the 30th", Calendar{Period: Monthly, Location: loc, Day: 30}, 28*day - time.Hour, 37},
-			{"month from the 31st", Calendar{Period: Monthly, Location: loc, Day: 31}, 28*day - time.Hour, 37},
+			{"month from the 29th", Rule{Period: Monthly, Location: loc, Day: 29}, 28*day - time.Hour, 37},
+			{"month from the 30th", Rule{Period: Monthly, Location: loc, Day: 30}, 28*day - time.Hour, 37},
+			{"month from the 31st", Rule{Period: Monthly, Location: loc, Day: 31}, 28*day - time.Hour, 37},
 		}
 		for _, p := range periods {
 			t.Run(name+"/"+p.name, func(t *testing.T) {
-				require.NoError(t, p.cal.validate())
+				require.NoError(t, p.cal.Validate())
 				walkWindows(t, p.cal, p.shortest, p.windows)
 			})
 		}
 	}
 }
 
-func walkWindows(t *testing.T, c Calendar, shortest time.Duration, want int) {
+func walkWindows(t *testing.T, c Rule, shortest time.Duration, want int) {
 	t.Helper()
 	loc := c.Location
 	// Every zone walked has a midnight on these two dates.
@@ -269,7 +268,7 @@ func walkWindows(t *testing.T, c Calendar, shortest time.Duration, want int) {
 	windows := 0
 	var prevStart, prevEnd time.Time
 	for at := from; at.Before(to); at = at.Add(step) {
-		start, end := c.window(at)
+		start, end := c.Window(at)
 		if at.Before(start) || !at.Before(end) {
 			t.Fatalf("window(%v) = [%v, %v) does not hold it", at.In(loc), start.In(loc), end.In(loc))
 		}
@@ -290,24 +289,24 @@ func walkWindows(t *testing.T, c Calendar, shortest time.Duration, want int) {
 }
 
 // checkWindow checks one window [start, end) of c on its own.
-func checkWindow(t *testing.T, c Calendar, start, end time.Time, shortest time.Duration) {
+func checkWindow(t *testing.T, c Rule, start, end time.Time, shortest time.Duration) {
 	t.Helper()
 	loc := c.Location
 	fail := func(format string, a ...any) {
 		t.Helper()
 		t.Fatalf("window [%v, %v): "+format, append([]any{start.In(loc), end.In(loc)}, a...)...)
 	}
-	if s, e := c.window(start); !s.Equal(start) || !e.Equal(end) {
+	if s, e := c.Window(start); !s.Equal(start) || !e.Equal(end) {
 		fail("window(start) = [%v, %v)", s.In(loc), e.In(loc))
 	}
-	if s, _ := c.window(end); !s.Equal(end) {
+	if s, _ := c.Window(end); !s.Equal(end) {
 		fail("window(end) starts at %v", s.In(loc))
 	}
-	if _, e := c.window(start.Add(-time.Nanosecond)); !e.Equal(start) {
+	if _, e := c.Window(start.Add(-time.Nanosecond)); !e.Equal(start) {
 		fail("the window before ends at %v", e.In(loc))
 	}
-	if long := end.Sub(start); long < shortest || long > c.longest() {
-		fail("lasts %v, outside %v..%v", long, shortest, c.longest())
+	if long := end.Sub(start); long < shortest || long > c.Longest() {
+		fail("lasts %v, outside %v..%v", long, shortest, c.Longest())
 	}
 	// The first instant of a local date: the instant before is on an
 	// earlier date, and the clock reads 00:00 unless a change skipped it.
@@ -359,145 +358,33 @@ func msAt(y int, m time.Month, d int) string {
 	return strconv.FormatInt(time.Date(y, m, d, 0, 0, 0, 0, time.UTC).UnixMilli(), 10)
 }
 
-func TestCalendarValidate(t *testing.T) {
-	ny := calendarZone(t, "America/New_York")
-	for _, tc := range []struct {
-		name string
-		cal  Calendar
-		why  string // part of the error; "" for a valid calendar
-	}{
-		{"daily UTC", Calendar{Period: Daily, Location: time.UTC}, ""},
-		{"daily New York", Calendar{Period: Daily, Location: ny}, ""},
-		{"weekly from Saturday", Calendar{Period: Weekly, Location: ny, Weekday: time.Saturday}, ""},
-		{"weekly from Sunday", Calendar{Period: Weekly, Location: ny, Weekday: time.Sunday}, ""},
-		{"monthly from the 1st", Calendar{Period: Monthly, Location: ny, Day: 1}, ""},
-		{"monthly from the 31st", Calendar{Period: Monthly, Location: ny, Day: 31}, ""},
-
-		{"no period", Calendar{Location: ny}, "unknown calendar period 0"},
-		{"period 4", Calendar{Period: Monthly + 1, Location: ny, Day: 1}, "unknown calendar period 4"},
-		{"nil location", Calendar{Period: Daily}, "needs a time zone"},
-		{"time.Local", Calendar{Period: Daily, Location: time.Local}, "time.Local"},
-		{"a zone named Local", Calendar{Period: Daily, Location: time.FixedZone("Local", 0)}, "time.Local"},
-		{"weekday on a daily quota", Calendar{Period: Daily, Location: ny, Weekday: time.Monday}, "only a weekly quota"},
-		{"weekday on a monthly quota", Calendar{Period: Monthly, Location: ny, Weekday: time.Monday, Day: 1}, "only a weekly quota"},
-		{"weekday 7", Calendar{Period: Weekly, Location: ny, Weekday: 7}, "unknown weekday 7"},
-		{"weekday -1", Calendar{Period: Weekly, Location: ny, Weekday: -1}, "unknown weekday -1"},
-		{"day on a daily quota", Calendar{Period: Daily, Location: ny, Day: 5}, "only a monthly quota"},
-		{"day on a weekly quota", Calendar{Period: Weekly, Location: ny, Day: 5}, "only a monthly quota"},
-		{"day 0", Calendar{Period: Monthly, Location: ny}, "outside 1..31"},
-		{"day 32", Calendar{Period: Monthly, Location: ny, Day: 32}, "outside 1..31"},
-		{"day -1", Calendar{Period: Monthly, Location: ny, Day: -1}, "outside 1..31"},
-		// The zone's name goes into the spec, which ':' and ',' delimit.
-		{"a name with a colon", Calendar{Period: Daily, Location: time.FixedZone("UTC+01:00", 3600)}, `time zone "UTC+01:00"`},
-		{"a name with a comma", Calendar{Period: Daily, Location: time.FixedZone("a,b", 0)}, `time zone "a,b"`},
-		{"a name no instance can load", Calendar{Period: Daily, Location: time.FixedZone("Mars/Olympus_Mons", 0)}, `time zone "Mars/Olympus_Mons": `},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cal.validate()
-			if tc.why == "" {
-				assert.NoError(t, err)
-				return
-			}
-			require.Error(t, err)
-			assert.ErrorIs(t, err, ErrInvalidConfig)
-			assert.Contains(t, err.Error(), tc.why)
-		})
-	}
-}
-
-// TestCalendarValidateZoneMatchesItsName: the scripts' windows come from
-// the zone loaded by name (calendarSet parses the spec), so a Location that
-// only borrows a loadable name would have its windows silently moved. A
-// fixed +01:00 named "CET" gets CET's summer time: its daily windows would
-// start at 22:00 UTC from April to October, not 23:00.
-func TestCalendarValidateZoneMatchesItsName(t *testing.T) {
-	for _, loc := range []*time.Location{
-		time.FixedZone("CET", 3600),
-		time.FixedZone("UTC", 3600),
-		time.FixedZone("Europe/Berlin", 0),
-	} {
-		t.Run(loc.String(), func(t *testing.T) {
-			err := Calendar{Period: Daily, Location: loc}.validate()
-			assert.ErrorIs(t, err, ErrInvalidConfig, "a fixed zone under a loadable name is another zone")
-		})
-	}
-}
-
-func TestCalendarValidateConfig(t *testing.T) {
-	const day = 24 * time.Hour
-	berlin := calendarZone(t, "Europe/Berlin")
-	// Interval is the longest window: a day or a week an hour longer where
-	// clocks go back, a month of 31 days the same.
-	assert.Equal(t, 25*time.Hour, PerDay(10, berlin).Interval)
-	assert.Equal(t, 7*day+time.Hour, PerWeek(10, berlin, time.Monday).Interval)
-	assert.Equal(t, 31*day+time.Hour, PerMonth(10, berlin).Interval)
-	assert.Equal(t, 31*day+time.Hour, PerMonthFrom(10, berlin, 15).Interval)
-
-	assert.Equal(t, Config{Type: Overall, Rate: 10, Interval: 25 * time.Hour, Calendar: Calendar{Period: Daily, Location: berlin}}, PerDay(10, berlin))
-	assert.Equal(t, Calendar{Period: Weekly, Location: berlin, Weekday: time.Sunday}, PerWeek(10, berlin, time.Sunday).Calendar)
-	assert.Equal(t, Calendar{Period: Monthly, Location: berlin, Day: 1}, PerMonth(10, berlin).Calendar)
-	assert.Equal(t, Calendar{Period: Monthly, Location: berlin, Day: 15}, PerMonthFrom(10, berlin, 15).Calendar)
-
-	for _, c := range []Config{PerDay(10, berlin), PerWeek(10, berlin, time.Monday), PerMonthFrom(10, berlin, 31),
-		PerDay(10, berlin).And(PerMonth(100, berlin))} {
-		assert.NoError(t, c.validate(), "%v", c)
-	}
-	for _, tc := range []struct {
-		name string
-		cfg  Config
-		why  string
-	}{
-		{"a daily rate per 24h", Config{Type: Overall, Rate: 10, Interval: day, Calendar: Calendar{Period: Daily, Location: berlin}}, "longest window"},
-		{"a weekly rate per 7 days", Config{Type: Overall, Rate: 10, Interval: 7 * day, Calendar: Calendar{Period: Weekly, Location: berlin, Weekday: time.Monday}}, "longest window"},
-		{"a monthly rate per 31 days", Config{Type: Overall, Rate: 10, Interval: 31 * day, Calendar: Calendar{Period: Monthly, Location: berlin, Day: 1}}, "longest window"},
-		{"the calendar itself", PerMonthFrom(10, berlin, 32), "outside 1..31"},
-		{"a further rate's calendar checked too", PerDay(10, berlin).And(PerMonthFrom(100, time.Local, 1)), "time.Local"},
-		{"two daily rates", PerDay(10, berlin).And(PerDay(20, time.UTC)), "two rates per 25h0m0s"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cfg.validate()
-			require.Error(t, err)
-			assert.ErrorIs(t, err, ErrInvalidConfig)
-			assert.Contains(t, err.Error(), tc.why)
-		})
-	}
-}
-
+// TestCalendarSpec: Spec writes what Parse reads (the package redlimit's
+// TestCalendarSpec checks the same through Calendar's MarshalText), and
+// Parse refuses anything Spec would not write.
 func TestCalendarSpec(t *testing.T) {
 	berlin, kolkata := calendarZone(t, "Europe/Berlin"), calendarZone(t, "Asia/Kolkata")
 	for _, tc := range []struct {
-		cal  Calendar
+		rule Rule
 		spec string
 	}{
-		{Calendar{Period: Daily, Location: time.UTC}, "day:0:UTC"},
-		{Calendar{Period: Daily, Location: berlin}, "day:0:Europe/Berlin"},
-		{Calendar{Period: Weekly, Location: berlin, Weekday: time.Sunday}, "week:0:Europe/Berlin"},
-		{Calendar{Period: Weekly, Location: kolkata, Weekday: time.Saturday}, "week:6:Asia/Kolkata"},
-		{Calendar{Period: Monthly, Location: kolkata, Day: 1}, "month:1:Asia/Kolkata"},
-		{Calendar{Period: Monthly, Location: berlin, Day: 31}, "month:31:Europe/Berlin"},
+		{Rule{Period: Daily, Location: time.UTC}, "day:0:UTC"},
+		{Rule{Period: Daily, Location: berlin}, "day:0:Europe/Berlin"},
+		{Rule{Period: Weekly, Location: berlin, Weekday: time.Sunday}, "week:0:Europe/Berlin"},
+		{Rule{Period: Weekly, Location: kolkata, Weekday: time.Saturday}, "week:6:Asia/Kolkata"},
+		{Rule{Period: Monthly, Location: kolkata, Day: 1}, "month:1:Asia/Kolkata"},
+		{Rule{Period: Monthly, Location: berlin, Day: 31}, "month:31:Europe/Berlin"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
-			assert.Equal(t, tc.spec, tc.cal.spec())
-			got, ok := parseCalendar(tc.spec)
+			assert.Equal(t, tc.spec, tc.rule.Spec())
+			got, ok := Parse(tc.spec)
 			require.True(t, ok)
-			assert.True(t, got.equal(tc.cal), "parsed %+v", got)
-			// What equal compares, field by field: the zone loaded anew under its name.
-			assert.Equal(t, tc.cal.Period, got.Period)
-			assert.Equal(t, tc.cal.Weekday, got.Weekday)
-			assert.Equal(t, tc.cal.Day, got.Day)
-			assert.Equal(t, tc.cal.Location.String(), got.Location.String())
+			// Field by field: the zone loaded anew under its name.
+			assert.Equal(t, tc.rule.Period, got.Period)
+			assert.Equal(t, tc.rule.Weekday, got.Weekday)
+			assert.Equal(t, tc.rule.Day, got.Day)
+			assert.Equal(t, tc.rule.Location.String(), got.Location.String())
 		})
 	}
-
-	// equal tells calendars apart on each field.
-	daily := Calendar{Period: Daily, Location: berlin}
-	assert.True(t, daily.equal(Calendar{Period: Daily, Location: calendarZone(t, "Europe/Berlin")}), "two loads of one zone")
-	assert.False(t, daily.equal(Calendar{Period: Daily, Location: kolkata}))
-	assert.False(t, daily.equal(Calendar{Period: Weekly, Location: berlin}))
-	assert.False(t, daily.equal(Calendar{}))
-	assert.True(t, Calendar{}.equal(Calendar{}))
-	assert.False(t, Calendar{Period: Monthly, Location: berlin, Day: 30}.equal(Calendar{Period: Monthly, Location: berlin, Day: 31}))
-	assert.False(t, Calendar{Period: Weekly, Location: berlin, Weekday: time.Monday}.equal(Calendar{Period: Weekly, Location: berlin}))
 
 	for _, spec := range []string{
 		"", "day", "day:0", "day::UTC", "day:x:UTC", "year:0:UTC", ":0:UTC",
@@ -508,43 +395,40 @@ func TestCalendarSpec(t *testing.T) {
 		"day:0:", "day:0:Local", "day:0:Mars/Olympus_Mons", "day:0:Europe/Berlin ", " day:0:UTC",
 		"month:31:Europe/Berlin,2=day:0:UTC",
 	} {
-		_, ok := parseCalendar(spec)
-		assert.False(t, ok, "parseCalendar(%q)", spec)
+		_, ok := Parse(spec)
+		assert.False(t, ok, "Parse(%q)", spec)
 	}
 }
 
+// TestCalendarSpecList: ParseList reads the field calendar that the package
+// redlimit's Config.calendars writes (its TestCalendarSpecList), and
+// NewSet refuses what ParseList refuses.
 func TestCalendarSpecList(t *testing.T) {
-	berlin := calendarZone(t, "Europe/Berlin")
 	const spec = "1=day:0:UTC,2=month:31:Europe/Berlin"
-	// Config.calendars writes what parseCalendars reads.
-	assert.Equal(t, spec, wire.EncodeCalendars(PerDay(10, time.UTC).And(PerMonthFrom(100, berlin, 31)).calendars()))
-	assert.Equal(t, "2=week:1:Europe/Berlin", wire.EncodeCalendars(PerHour(10).And(PerWeek(100, berlin, time.Monday)).calendars()))
-	assert.Empty(t, PerHour(10).calendars())
-
-	rates, ok := parseCalendars(spec)
+	rates, ok := ParseList(spec)
 	require.True(t, ok)
 	require.Len(t, rates, 2)
-	assert.Equal(t, 1, rates[0].place)
-	assert.True(t, rates[0].cal.equal(Calendar{Period: Daily, Location: time.UTC}), "%+v", rates[0].cal)
-	assert.Equal(t, 2, rates[1].place)
-	assert.True(t, rates[1].cal.equal(Calendar{Period: Monthly, Location: berlin, Day: 31}), "%+v", rates[1].cal)
+	assert.Equal(t, 1, rates[0].Place)
+	assert.Equal(t, "day:0:UTC", rates[0].Rule.Spec(), "%+v", rates[0].Rule)
+	assert.Equal(t, 2, rates[1].Place)
+	assert.Equal(t, "month:31:Europe/Berlin", rates[1].Rule.Spec(), "%+v", rates[1].Rule)
 
 	for _, bad := range []string{
 		"", ",", "1=day:0:UTC,", ",1=day:0:UTC", "day:0:UTC", "1:day:0:UTC", "x=day:0:UTC",
 		"0=day:0:UTC", "5=day:0:UTC", "-1=day:0:UTC", // places are 1..4
 		"1=year:0:UTC", "1=day:0:UTC,2=month:32:Europe/Berlin", "1=day:0:UTC;2=month:31:Europe/Berlin",
 	} {
-		_, ok := parseCalendars(bad)
-		assert.False(t, ok, "parseCalendars(%q)", bad)
-		_, ok = newCalendarSet(bad)
-		assert.False(t, ok, "newCalendarSet(%q)", bad)
+		_, ok := ParseList(bad)
+		assert.False(t, ok, "ParseList(%q)", bad)
+		_, ok = NewSet(bad)
+		assert.False(t, ok, "NewSet(%q)", bad)
 	}
 }
 
 func TestCalendarArg(t *testing.T) {
 	ny := calendarZone(t, "America/New_York")
 	const spec = "1=day:0:America/New_York"
-	s, ok := newCalendarSet(spec)
+	s, ok := NewSet(spec)
 	require.True(t, ok)
 
 	// At noon on 2026-03-08, the 23-hour day: the days before, of and after
@@ -553,7 +437,7 @@ func TestCalendarArg(t *testing.T) {
 	// 2026-03-10 04:00 UTC.
 	noon := time.Date(2026, 3, 8, 12, 0, 0, 0, ny)
 	const noonArg = spec + " 1772859600000 1772946000000 1773028800000 1773115200000"
-	assert.Equal(t, noonArg, s.arg(noon))
+	assert.Equal(t, noonArg, s.Arg(noon))
 	cached := s.edges.Load()
 	require.NotNil(t, cached)
 	assert.Equal(t, utcAt(2026, 3, 8, 5, 0), cached.from.UTC())
@@ -561,16 +445,16 @@ func TestCalendarArg(t *testing.T) {
 
 	// Anywhere in the same day: the same arg, not worked out again.
 	for _, now := range []time.Time{utcAt(2026, 3, 8, 5, 0), utcAt(2026, 3, 9, 4, 0).Add(-time.Millisecond), noon.Add(time.Hour)} {
-		assert.Equal(t, noonArg, s.arg(now), "at %v", now)
+		assert.Equal(t, noonArg, s.Arg(now), "at %v", now)
 		assert.Same(t, cached, s.edges.Load(), "at %v", now)
 	}
 
 	// At the day's end, the next day's edges: through 2026-03-11 04:00 UTC.
 	next := utcAt(2026, 3, 9, 4, 0)
-	assert.Equal(t, spec+" 1772946000000 1773028800000 1773115200000 1773201600000", s.arg(next))
+	assert.Equal(t, spec+" 1772946000000 1773028800000 1773115200000 1773201600000", s.Arg(next))
 	assert.NotSame(t, cached, s.edges.Load())
 	// A clock that goes back, to 2026-03-07 23:59:59.999 EST, has the day before's.
-	assert.Equal(t, spec+" 1772773200000 1772859600000 1772946000000 1773028800000", s.arg(utcAt(2026, 3, 8, 5, 0).Add(-time.Millisecond)))
+	assert.Equal(t, spec+" 1772773200000 1772859600000 1772946000000 1773028800000", s.Arg(utcAt(2026, 3, 8, 5, 0).Add(-time.Millisecond)))
 }
 
 // TestCalendarArgSeveralRates: the arg holds each rate's edges, and stays
@@ -578,7 +462,7 @@ func TestCalendarArg(t *testing.T) {
 // start to the earliest end.
 func TestCalendarArgSeveralRates(t *testing.T) {
 	const spec = "1=week:1:UTC,3=month:1:UTC"
-	s, ok := newCalendarSet(spec)
+	s, ok := NewSet(spec)
 	require.True(t, ok)
 
 	// At 2026-03-31 12:00 UTC, a Tuesday: the weeks from Mondays 03-23,
@@ -587,19 +471,19 @@ func TestCalendarArgSeveralRates(t *testing.T) {
 	want := spec +
 		" " + msAt(2026, 3, 23) + " " + msAt(2026, 3, 30) + " " + msAt(2026, 4, 6) + " " + msAt(2026, 4, 13) +
 		" " + msAt(2026, 2, 1) + " " + msAt(2026, 3, 1) + " " + msAt(2026, 4, 1) + " " + msAt(2026, 5, 1)
-	assert.Equal(t, want, s.arg(now))
+	assert.Equal(t, want, s.Arg(now))
 	cached := s.edges.Load()
 	// Good from the week's start to the month's end.
 	assert.Equal(t, utcAt(2026, 3, 30, 0, 0), cached.from.UTC())
 	assert.Equal(t, utcAt(2026, 4, 1, 0, 0), cached.to.UTC())
-	assert.Equal(t, want, s.arg(utcAt(2026, 3, 30, 0, 0)))
+	assert.Equal(t, want, s.Arg(utcAt(2026, 3, 30, 0, 0)))
 	assert.Same(t, cached, s.edges.Load())
 
 	// April 1st is still the same week, but a new month.
 	want = spec +
 		" " + msAt(2026, 3, 23) + " " + msAt(2026, 3, 30) + " " + msAt(2026, 4, 6) + " " + msAt(2026, 4, 13) +
 		" " + msAt(2026, 3, 1) + " " + msAt(2026, 4, 1) + " " + msAt(2026, 5, 1) + " " + msAt(2026, 6, 1)
-	assert.Equal(t, want, s.arg(utcAt(2026, 4, 1, 0, 0)))
+	assert.Equal(t, want, s.Arg(utcAt(2026, 4, 1, 0, 0)))
 	assert.NotSame(t, cached, s.edges.Load())
 	cached = s.edges.Load()
 	assert.Equal(t, utcAt(2026, 4, 1, 0, 0), cached.from.UTC())

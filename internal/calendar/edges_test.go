@@ -1,4 +1,4 @@
-package redlimit
+package calendar
 
 import (
 	"archive/zip"
@@ -24,7 +24,7 @@ import (
 // The rule every window edge keeps: a day begins at the first instant whose
 // local date is that day (or later, for a date the zone skipped whole); a
 // week or a month at the first instant of its first date. The tests below
-// check calendar.go's windows against an answer found the slow way, by
+// check the windows against an answer found the slow way, by
 // reading the zone's clock at every quarter hour, and at every second
 // around each of its transitions.
 
@@ -64,7 +64,7 @@ func (r *referenceClock) begins(d int64) (time.Time, bool) {
 // with UTC through it, and a date it reached there began at its midnight;
 // where not, every second of it is read (offsets, transitions and midnights
 // all fall on whole seconds, and no zone changes its offset twice in a
-// quarter hour). It knows nothing of how calendar.go searches.
+// quarter hour). It knows nothing of how this package searches.
 func scanClock(loc *time.Location, from, to time.Time) *referenceClock {
 	localDay := func(t time.Time) int64 {
 		_, off := t.In(loc).Zone()
@@ -110,7 +110,7 @@ func scanClock(loc *time.Location, from, to time.Time) *referenceClock {
 // c.window answers that window, and at an instant behind, the window of
 // the latest date read before it. It returns how many windows it checked,
 // and gives up on c after three failures.
-func checkEdges(t *testing.T, c Calendar, ref *referenceClock, anchors []int64) int {
+func checkEdges(t *testing.T, c Rule, ref *referenceClock, anchors []int64) int {
 	t.Helper()
 	failures := 0
 	fail := func(format string, a ...any) bool {
@@ -121,7 +121,7 @@ func checkEdges(t *testing.T, c Calendar, ref *referenceClock, anchors []int64) 
 	}
 	expect := func(at, start, end time.Time) bool {
 		t.Helper()
-		if s, e := c.window(at); !s.Equal(start) || !e.Equal(end) {
+		if s, e := c.Window(at); !s.Equal(start) || !e.Equal(end) {
 			return fail("window(%v) = [%v, %v), want [%v, %v)", at.UTC(), s.UTC(), e.UTC(), start.UTC(), end.UTC())
 		}
 		return true
@@ -207,12 +207,12 @@ func TestCalendarEdgesEveryZone(t *testing.T) {
 					t.Errorf("%v: the scan: %s", loc, odd)
 				}
 				behind.Add(int64(len(ref.behind)))
-				days.Add(int64(checkEdges(t, Calendar{Period: Daily, Location: loc}, ref, daily)))
+				days.Add(int64(checkEdges(t, Rule{Period: Daily, Location: loc}, ref, daily)))
 				for wd, anchors := range weekly {
-					weeks.Add(int64(checkEdges(t, Calendar{Period: Weekly, Location: loc, Weekday: time.Weekday(wd)}, ref, anchors)))
+					weeks.Add(int64(checkEdges(t, Rule{Period: Weekly, Location: loc, Weekday: time.Weekday(wd)}, ref, anchors)))
 				}
 				for i, anchors := range monthly {
-					months.Add(int64(checkEdges(t, Calendar{Period: Monthly, Location: loc, Day: billingDays[i]}, ref, anchors)))
+					months.Add(int64(checkEdges(t, Rule{Period: Monthly, Location: loc, Day: billingDays[i]}, ref, anchors)))
 				}
 			}
 		})
@@ -290,12 +290,12 @@ func TestCalendarEdgesAnomalies(t *testing.T) {
 	at := func(y int, m time.Month, d, hour, minute int) time.Time {
 		return time.Date(y, m, d, hour, minute, 0, 0, time.UTC)
 	}
-	daily := func(zone string) Calendar { return Calendar{Period: Daily, Location: calendarZone(t, zone)} }
-	weekly := func(zone string, first time.Weekday) Calendar {
-		return Calendar{Period: Weekly, Location: calendarZone(t, zone), Weekday: first}
+	daily := func(zone string) Rule { return Rule{Period: Daily, Location: calendarZone(t, zone)} }
+	weekly := func(zone string, first time.Weekday) Rule {
+		return Rule{Period: Weekly, Location: calendarZone(t, zone), Weekday: first}
 	}
-	monthly := func(zone string, billing int) Calendar {
-		return Calendar{Period: Monthly, Location: calendarZone(t, zone), Day: billing}
+	monthly := func(zone string, billing int) Rule {
+		return Rule{Period: Monthly, Location: calendarZone(t, zone), Day: billing}
 	}
 	cases := []windowCase{
 		// Midnight twice, east of UTC: the review's case. Amman went back
@@ -369,14 +369,14 @@ func TestCalendarEdgesPastListedTransitions(t *testing.T) {
 			for d := dayNumber(year, 12, 24); d <= dayNumber(year+1, 1, 5); d++ {
 				days = append(days, d)
 			}
-			assert.Equal(t, len(days)-1, checkEdges(t, Calendar{Period: Daily, Location: loc}, ref, days), "%s, %d", name, year)
+			assert.Equal(t, len(days)-1, checkEdges(t, Rule{Period: Daily, Location: loc}, ref, days), "%s, %d", name, year)
 			months := []int64{dayNumber(year, 12, 1), dayNumber(year+1, 1, 1)}
-			assert.Equal(t, 1, checkEdges(t, Calendar{Period: Monthly, Location: loc, Day: 1}, ref, months), "%s, %d", name, year)
+			assert.Equal(t, 1, checkEdges(t, Rule{Period: Monthly, Location: loc, Day: 1}, ref, months), "%s, %d", name, year)
 		}
 	}
 	// By hand: New Year 2041 in New York, at midnight EST.
-	ny := Calendar{Period: Daily, Location: calendarZone(t, "America/New_York")}
-	start, end := ny.window(time.Date(2040, 12, 31, 12, 0, 0, 0, time.UTC))
+	ny := Rule{Period: Daily, Location: calendarZone(t, "America/New_York")}
+	start, end := ny.Window(time.Date(2040, 12, 31, 12, 0, 0, 0, time.UTC))
 	assert.Equal(t, time.Date(2040, 12, 31, 5, 0, 0, 0, time.UTC), start.UTC())
 	assert.Equal(t, time.Date(2041, 1, 1, 5, 0, 0, 0, time.UTC), end.UTC())
 }
@@ -384,22 +384,22 @@ func TestCalendarEdgesPastListedTransitions(t *testing.T) {
 // BenchmarkCalendarArg is a decision's cost for its calendar rates on the
 // common path: a clock inside the window the edges were last worked out for.
 func BenchmarkCalendarArg(b *testing.B) {
-	s, ok := newCalendarSet("1=day:0:Europe/Berlin,2=month:31:America/New_York")
+	s, ok := NewSet("1=day:0:Europe/Berlin,2=month:31:America/New_York")
 	if !ok {
 		b.Fatal("spec")
 	}
 	now := time.Date(2026, 6, 10, 12, 0, 0, 0, time.UTC)
-	s.arg(now)
+	s.Arg(now)
 	b.ReportAllocs()
 	for b.Loop() {
-		s.arg(now)
+		s.Arg(now)
 	}
 }
 
 // BenchmarkCalendarArgNewWindow is the cost of working the edges out: a
 // clock a day on at every call, so that no call finds them cached.
 func BenchmarkCalendarArgNewWindow(b *testing.B) {
-	s, ok := newCalendarSet("1=day:0:Europe/Berlin,2=month:31:America/New_York")
+	s, ok := NewSet("1=day:0:Europe/Berlin,2=month:31:America/New_York")
 	if !ok {
 		b.Fatal("spec")
 	}
@@ -407,7 +407,7 @@ func BenchmarkCalendarArgNewWindow(b *testing.B) {
 	now := from
 	b.ReportAllocs()
 	for b.Loop() {
-		s.arg(now)
+		s.Arg(now)
 		if now = now.Add(25 * time.Hour); now.Year() > 2030 {
 			now = from
 		}
@@ -421,17 +421,17 @@ func BenchmarkCalendarWindow(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, c := range []Calendar{
+	for _, c := range []Rule{
 		{Period: Daily, Location: ny},
 		{Period: Weekly, Location: ny, Weekday: time.Monday},
 		{Period: Monthly, Location: ny, Day: 31},
 	} {
-		b.Run(c.String(), func(b *testing.B) {
+		b.Run(c.Spec(), func(b *testing.B) {
 			from := time.Date(2000, 1, 1, 12, 0, 0, 0, time.UTC)
 			now := from
 			b.ReportAllocs()
 			for b.Loop() {
-				c.window(now)
+				c.Window(now)
 				if now = now.Add(25 * time.Hour); now.Year() > 2030 {
 					now = from
 				}
