@@ -53,7 +53,7 @@ func ExampleWithDegraded() {
 	fmt.Println("degraded:", client.DegradedState().Active)
 
 	_ = mr.Restart() // Redis is back, its data kept
-	for { // peeks, which count nothing, until the breaker lets one through to Redis
+	for {            // peeks, which count nothing, until the breaker lets one through to Redis
 		if r, err := search.Allow(ctx, 0); err == nil && r.Reason == redlimit.ReasonLimit {
 			break
 		}
