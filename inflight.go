@@ -193,7 +193,7 @@ func (l *InFlight) Config(ctx context.Context) (InFlightConfig, error) {
 		return l.dflt, nil
 	}
 	var n [2]int64
-	if !ok || len(v) != len(n) || !integers(v, n[:]) {
+	if !ok || len(v) != len(n) || !wire.Integers(v, n[:]) {
 		return InFlightConfig{}, unexpected(reply)
 	}
 	cfg := InFlightConfig{Limit: n[0], TTL: time.Duration(n[1]) * time.Millisecond}

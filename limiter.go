@@ -420,18 +420,6 @@ func (l *Limiter) Config(ctx context.Context) (Config, error) {
 	return cfg, nil
 }
 
-// integers copies v into n, reporting whether every element was an integer.
-func integers(v []any, n []int64) bool {
-	for i := range n {
-		x, ok := v[i].(int64)
-		if !ok {
-			return false
-		}
-		n[i] = x
-	}
-	return true
-}
-
 // WithShadow returns a handle whose decisions are made in shadow mode: each
 // is made and counted in Redis exactly as when enforcing, with the same
 // round trips, and its caller is always granted; Result says what

@@ -179,7 +179,7 @@ func FuzzReplyShapes(f *testing.F) {
 			require.Len(t, missing, len(v[1].([]any)))
 		}
 		var n [6]int64
-		if v, ok := reply.([]any); ok && len(v) == len(n) && integers(v, n[:]) {
+		if v, ok := reply.([]any); ok && len(v) == len(n) && wire.Integers(v, n[:]) {
 			for i := range n {
 				require.Equal(t, v[i], n[i])
 			}

@@ -26,7 +26,7 @@ type Acquire struct {
 func ParseAcquire(reply any) (Acquire, error) {
 	v, ok := reply.([]any)
 	var n [3]int64
-	if !ok || len(v) != len(n) || !integers(v, n[:]) || n[0] != 0 && n[0] != 1 ||
+	if !ok || len(v) != len(n) || !wire.Integers(v, n[:]) || n[0] != 0 && n[0] != 1 ||
 		n[1] < 0 || n[1] > maxMS || n[2] < 1 || n[2] > wire.MaxInFlightLimit {
 		return Acquire{}, wire.Unexpected(reply)
 	}
@@ -45,7 +45,7 @@ func ParseAcquire(reply any) (Acquire, error) {
 func ParseRefresh(reply any) (int64, time.Duration, error) {
 	v, ok := reply.([]any)
 	var n [2]int64
-	if ok && len(v) == len(n) && integers(v, n[:]) {
+	if ok && len(v) == len(n) && wire.Integers(v, n[:]) {
 		switch {
 		case n[0] == wire.HoldHeld && n[1] >= wire.MinTTLMS && n[1] <= maxMS:
 			return wire.HoldHeld, time.Duration(n[1]) * time.Millisecond, nil
@@ -74,16 +74,4 @@ func ZeroOrOne(reply any) (bool, error) {
 		return false, wire.Unexpected(reply)
 	}
 	return n == 1, nil
-}
-
-// integers copies v into n, reporting whether every element was an integer.
-func integers(v []any, n []int64) bool {
-	for i := range n {
-		x, ok := v[i].(int64)
-		if !ok {
-			return false
-		}
-		n[i] = x
-	}
-	return true
 }

@@ -191,6 +191,19 @@ func Quota(r Rate) (limit, windowMS int64) {
 	return limit, int64(math.Ceil(float64(limit) * float64(r.IntervalMS) / float64(r.Rate)))
 }
 
+// Integers copies v into n, reporting whether every element was an
+// integer: a reply's numbers, read without trusting its shape.
+func Integers(v []any, n []int64) bool {
+	for i := range n {
+		x, ok := v[i].(int64)
+		if !ok {
+			return false
+		}
+		n[i] = x
+	}
+	return true
+}
+
 // Spaced parses s as exactly len(n) integers separated by single spaces.
 func Spaced(s string, n []int64) bool {
 	for i := range n {
