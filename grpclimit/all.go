@@ -3,7 +3,6 @@ package grpclimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -119,20 +118,14 @@ func newAll(client *redlimit.Client, policies []Policy, opts []Option) (*options
 		panic("grpclimit: no client for the policies")
 	}
 	o := newOptions(opts)
-	ps := make([]policy, len(policies))
-	seen := map[string]bool{}
+	names := make([]string, len(policies))
 	for i, p := range policies {
-		name, ok := ratelimitfields.Name(p.Name)
-		switch {
-		case !ok:
-			panic(fmt.Sprintf("grpclimit: policy name %q is not printable ASCII", p.Name))
-		case seen[p.Name]:
-			panic(fmt.Sprintf("grpclimit: two policies named %q", p.Name))
-		case p.Limiter == nil:
-			panic(fmt.Sprintf("grpclimit: policy %q has no Limiter", p.Name))
-		}
-		seen[p.Name] = true
-		ps[i] = policy{Policy: p, name: name}
+		names[i] = p.Name
+	}
+	quoted := ratelimitfields.Policies("grpclimit", names, func(i int) bool { return policies[i].Limiter != nil })
+	ps := make([]policy, len(policies))
+	for i, p := range policies {
+		ps[i] = policy{Policy: p, name: quoted[i]}
 		if ps[i].Key == nil {
 			ps[i].Key = o.key
 		}

@@ -2,7 +2,6 @@ package httplimit
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 
@@ -86,20 +85,14 @@ func NewAll(client *redlimit.Client, policies []Policy, opts ...Option) func(htt
 		panic("httplimit: NewAll without a client")
 	}
 	o := newOptions(opts)
-	ps := make([]policy, len(policies))
-	seen := map[string]bool{}
+	names := make([]string, len(policies))
 	for i, p := range policies {
-		name, ok := ratelimitfields.Name(p.Name)
-		switch {
-		case !ok:
-			panic(fmt.Sprintf("httplimit: policy name %q is not printable ASCII", p.Name))
-		case seen[p.Name]:
-			panic(fmt.Sprintf("httplimit: two policies named %q", p.Name))
-		case p.Limiter == nil:
-			panic(fmt.Sprintf("httplimit: policy %q has no Limiter", p.Name))
-		}
-		seen[p.Name] = true
-		ps[i] = policy{Policy: p, name: name}
+		names[i] = p.Name
+	}
+	quoted := ratelimitfields.Policies("httplimit", names, func(i int) bool { return policies[i].Limiter != nil })
+	ps := make([]policy, len(policies))
+	for i, p := range policies {
+		ps[i] = policy{Policy: p, name: quoted[i]}
 		if ps[i].Key == nil {
 			ps[i].Key = o.key
 		}

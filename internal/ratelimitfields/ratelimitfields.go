@@ -4,6 +4,7 @@
 package ratelimitfields
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +36,29 @@ type Fields struct {
 	// Effective is the effective window t: until the limiter is full again
 	// (ResetAfter), or on a denial the wait (RetryAfter), as the draft wants.
 	Effective time.Duration
+}
+
+// Policies checks the names and limiters of a stack of policies (httplimit's
+// and grpclimit's NewAll), given their names and whether each has a
+// Limiter, and returns the names quoted for RateLimit fields. It panics,
+// naming pkg, on a name that is not printable ASCII, a name given twice or
+// a policy without a Limiter: a mistake of the program, seen as it starts.
+func Policies(pkg string, names []string, hasLimiter func(i int) bool) []string {
+	quoted := make([]string, len(names))
+	seen := map[string]bool{}
+	for i, n := range names {
+		q, ok := Name(n)
+		switch {
+		case !ok:
+			panic(fmt.Sprintf("%s: policy name %q is not printable ASCII", pkg, n))
+		case seen[n]:
+			panic(fmt.Sprintf("%s: two policies named %q", pkg, n))
+		case !hasLimiter(i):
+			panic(fmt.Sprintf("%s: policy %q has no Limiter", pkg, n))
+		}
+		seen[n], quoted[i] = true, q
+	}
+	return quoted
 }
 
 // AboveLimit reports whether r denies a request that asked for more than

@@ -84,3 +84,13 @@ func TestSeconds(t *testing.T) {
 		assert.Equal(t, want, Seconds(d), "%v", d)
 	}
 }
+
+func TestPolicies(t *testing.T) {
+	has := func(int) bool { return true }
+	assert.Equal(t, []string{`"per-ip"`, `"user"`}, Policies("pkg", []string{"per-ip", "user"}, has))
+	assert.PanicsWithValue(t, `pkg: policy name "a\x01" is not printable ASCII`, func() { Policies("pkg", []string{"a\x01"}, has) })
+	assert.PanicsWithValue(t, `pkg: two policies named "ip"`, func() { Policies("pkg", []string{"ip", "ip"}, has) })
+	assert.PanicsWithValue(t, `pkg: policy "user" has no Limiter`, func() {
+		Policies("pkg", []string{"ip", "user"}, func(i int) bool { return i == 0 })
+	})
+}
