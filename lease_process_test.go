@@ -272,15 +272,23 @@ func TestLeaseHolderKilled(t *testing.T) {
 					require.NoError(t, err)
 					t.Logf("killed holding: %s; available %d of %d", strings.TrimSpace(holder.stdout.String()), r.Remaining, r.Limit)
 					assert.Less(t, r.Remaining, r.Limit-1, "the block still counts")
+					// short: when the last look that found the block still
+					// counting was sent. Redis decided it no earlier, so the
+					// block counted then: a bound that holds however late a
+					// starved machine runs the next look.
+					var short time.Duration
 					for r.Remaining < r.Limit && time.Since(killed) < 2*r.Window {
+						short = time.Since(killed)
 						time.Sleep(5 * time.Millisecond)
 						r, err = l.Allow(ctx, 0)
 						require.NoError(t, err)
 					}
-					back := time.Since(killed)
-					t.Logf("all %d back %v after the kill (window %v)", r.Limit, back.Round(time.Millisecond), r.Window)
+					t.Logf("all %d back %v after the kill, still counting at %v (window %v)", r.Limit, time.Since(killed).Round(time.Millisecond),
+						short.Round(time.Millisecond), r.Window)
 					assert.Equal(t, r.Limit, r.Remaining)
-					assert.LessOrEqual(t, back, r.Window+100*time.Millisecond, "back within the window, as any grant's")
+					// A token bucket's grants share a record per slice of
+					// Interval/64, freed with its latest grant: a slice more.
+					assert.LessOrEqual(t, short, r.Window+r.Window/64+time.Millisecond, "back within the window, as any grant's")
 				})
 			}
 		})

@@ -133,7 +133,10 @@ func FuzzParseResult(f *testing.F) {
 			require.True(t, r.Window >= 0 && r.Window%time.Millisecond == 0, "%q: window %v", s, r.Window)
 			if r.Quotas != nil {
 				require.True(t, r.Bound >= 0 && r.Bound < len(r.Quotas), "%q: bound %d", s, r.Bound)
-				require.Equal(t, r.Quotas[r.Bound], Quota{Limit: r.Limit, Window: r.Window}, "%q", s)
+				require.Equal(t, Quota{Limit: r.Limit, Window: r.Window, ResetAfter: r.Quotas[r.Bound].ResetAfter}, r.Quotas[r.Bound], "%q", s)
+				for _, q := range r.Quotas {
+					require.True(t, q.ResetAfter >= 0 && q.ResetAfter%time.Microsecond == 0, "%q: a rate's reset %v", s, q.ResetAfter)
+				}
 				continue
 			}
 			back, err := parseResult(replyOf(r), dflt)

@@ -153,7 +153,7 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 	default:
 		return Decision{}, false
 	}
-	if !micros(n[PosRetry:PosReset+1]) || n[PosWindow] < 0 || n[PosWindow] > math.MaxInt64/int64(time.Millisecond) ||
+	if !micros(n[PosRetry:PosReset+1]) || n[PosWindow] < 0 || n[PosWindow] > maxWindowMS ||
 		n[PosShadow] != 0 && n[PosShadow] != 1 || n[PosAllowed] != 0 && n[PosAllowed] != 1 {
 		return Decision{}, false
 	}
@@ -167,7 +167,7 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 		}
 		for i := PosResets + rates; i < fields; i += 4 {
 			r := Rate{Rate: n[i], IntervalMS: n[i+1], Burst: n[i+2], Buckets: n[i+3]}
-			if r.Rate < 1 || r.IntervalMS < 1 || r.Burst < 0 {
+			if r.Rate < 1 || r.IntervalMS < 1 || r.Burst < 0 || !windowFits(r) {
 				return Decision{}, false
 			}
 			d.More = append(d.More, r)
@@ -177,6 +177,20 @@ func ParseDecision(reply any, dflt []Rate, reserved bool) (Decision, bool) {
 		}
 	}
 	return d, true
+}
+
+// maxWindowMS is the longest window a time.Duration holds (ms).
+const maxWindowMS = math.MaxInt64 / int64(time.Millisecond)
+
+// windowFits reports whether r's window, as Quota computes it, is one a
+// Result can hold: a reply naming a rate whose window is longer than a
+// Duration is not one the scripts write.
+func windowFits(r Rate) bool {
+	limit := r.Rate
+	if r.Burst > 0 {
+		limit = r.Burst
+	}
+	return math.Ceil(float64(limit)*float64(r.IntervalMS)/float64(r.Rate)) <= float64(maxWindowMS)
 }
 
 // Quota is a rate's limit and window (ms) as the scripts report them: the
