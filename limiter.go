@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/redlimit/redlimit/internal/calendar"
+	"github.com/redlimit/redlimit/internal/degradedlocal"
 	"github.com/redlimit/redlimit/internal/leasing"
 	"github.com/redlimit/redlimit/internal/wire"
 )
@@ -123,8 +124,8 @@ type family struct {
 	// gives one name one default.
 	withDefault atomic.Pointer[Limiter]
 	// degraded: the config last seen in force, and the local state
-	// (degraded.go, WithDegraded).
-	degraded degradedFamily
+	// (degraded.go, WithDegraded; internal/degradedlocal).
+	degraded degradedlocal.Family[Config]
 }
 
 // familyKey names a family within its Client, whose prefix is the same for all.
