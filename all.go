@@ -168,45 +168,39 @@ func (c *Client) decideAll(ctx context.Context, wants []Want, results []Result) 
 	for i, w := range wants {
 		reqs[i] = request{op: opAllow, permits: w.Permits}
 	}
-	flags := make([]byte, len(wants))
+	shadow := make([]bool, len(wants))
 	for i, w := range wants {
-		flags[i] = wire.AllBinds
-		if c.shadow || w.Limiter.shadow {
-			flags[i] = wire.AllShadow
-		}
+		shadow[i] = c.shadow || w.Limiter.shadow
 	}
 	for range maxAllAttempts {
 		buf := make([]any, len(wants)*wire.ArgLast)
-		args := make([]any, 2, 2+len(wants)*(wire.RequestHead+wire.ArgLast))
-		args[0], args[1] = wire.FrameAll, string(flags)
-		var keys []any
+		call := wire.NewAllCall(shadow)
 		for i, w := range wants {
 			l := w.Limiter
 			f := l.frame(reqs[i], buf[i*wire.ArgLast:(i+1)*wire.ArgLast])
 			frames[i] = f
-			args = append(append(args, l.algArg, opAllow, len(f.keys), len(f.args)), f.args...)
-			keys = append(keys, f.keys...)
+			call.Add(l.algArg, opAllow, f.keys, f.args)
 		}
-		reply, err := c.transport.Run(ctx, scripts.Decide, keys, args)
+		reply, err := c.transport.Run(ctx, scripts.Decide, call.Keys, call.Args)
 		if err != nil {
 			return false, err
 		}
-		v, ok := reply.([]any)
-		if !ok || len(v) != 1+len(wants) || v[0] != int64(0) && v[0] != int64(1) {
+		counted, replies, ok := wire.ParseAll(reply, len(wants))
+		if !ok {
 			return false, unexpected(reply)
 		}
 		again := false
 		for i, w := range wants {
-			r, _, learnt, err := w.Limiter.answer(ctx, &reqs[i], frames[i], v[1+i])
+			r, _, learnt, err := w.Limiter.answer(ctx, &reqs[i], frames[i], replies[i])
 			if err != nil {
 				return false, err
 			}
 			results[i], again = r, again || learnt
 		}
 		if !again {
-			return v[0] == int64(1), nil
+			return counted, nil
 		}
-		if v[0] == int64(1) {
+		if counted {
 			return false, unexpected(reply) // counted, yet a reply that is no decision
 		}
 	}

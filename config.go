@@ -1,7 +1,6 @@
 package redlimit
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -120,7 +119,6 @@ func (c Config) String() string {
 
 const (
 	defaultBuckets = wire.DefaultBuckets
-	maxBuckets     = wire.MaxBuckets
 	// maxTolerance bounds a funnel's capacity in time (Burst × Interval / Rate,
 	// in µs): the scripts add it to now in µs (~2^50.6 today), and Lua numbers
 	// are doubles, exact to 2^53.
@@ -143,9 +141,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func invalid(format string, a ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
-}
+func invalid(format string, a ...any) error { return wire.Invalid(format, a...) }
 
 // validate reports why c cannot be used, wrapping ErrInvalidConfig: a rate
 // out of range, or rates that do not make one limit together.
@@ -164,74 +160,17 @@ func (c Config) validate() error {
 		}
 	}
 	rates := c.rates()
-	for _, r := range rates {
-		if err := r.validateRate(); err != nil {
-			return err
+	specs := make([]wire.RateSpec, len(rates))
+	for i, r := range rates {
+		specs[i] = wire.RateSpec{Type: int64(r.Type), Rate: r.Rate, Burst: r.Burst, Buckets: r.Buckets, Interval: r.Interval, KeepAlive: r.KeepAlive}
+		if r.Calendar.Period != 0 {
+			specs[i].Calendar, specs[i].CalendarErr = r.Calendar, r.Calendar.validate()
+			if specs[i].CalendarErr == nil {
+				specs[i].Longest = r.Calendar.longest()
+			}
 		}
 	}
-	// A rate whose interval is longer than another's but grants no more
-	// permits makes the shorter one meaningless: it is a mistake.
-	slices.SortFunc(rates, func(a, b Config) int { return cmp.Compare(a.Interval, b.Interval) })
-	for i := 1; i < len(rates); i++ {
-		short, long := rates[i-1], rates[i]
-		switch {
-		case short.Interval == long.Interval:
-			return invalid("two rates per %v", long.Interval)
-		case long.Rate <= short.Rate:
-			return invalid("%d per %v grants no more than %d per %v", long.Rate, long.Interval, short.Rate, short.Interval)
-		}
-	}
-	return nil
-}
-
-// validateRate reports why one rate cannot be used. Every limit here keeps
-// the scripts' arithmetic inside the exact range of doubles.
-func (c Config) validateRate() error {
-	bad := invalid
-	switch {
-	case c.Type != Overall && c.Type != PerClient:
-		return bad("unknown type %d", int(c.Type))
-	case c.Rate < 1:
-		return bad("rate %d is below 1", c.Rate)
-	case c.Interval < time.Millisecond:
-		return bad("interval %v is below 1ms", c.Interval)
-	case c.Interval%time.Millisecond != 0:
-		return bad("interval %v is not a whole number of milliseconds", c.Interval)
-	case c.Interval > maxInterval:
-		return bad("interval %v is above %v", c.Interval, maxInterval)
-	case c.Burst < 0:
-		return bad("burst %d is negative", c.Burst)
-	case c.Buckets < 0 || c.Buckets > maxBuckets:
-		return bad("buckets %d is outside 0..%d", c.Buckets, maxBuckets)
-	case c.KeepAlive < 0:
-		return bad("keep alive %v is negative", c.KeepAlive)
-	case c.KeepAlive > 0 && c.KeepAlive < c.Interval:
-		return bad("keep alive %v is shorter than the interval %v", c.KeepAlive, c.Interval)
-	case c.KeepAlive%time.Millisecond != 0:
-		return bad("keep alive %v is not a whole number of milliseconds", c.KeepAlive)
-	case c.KeepAlive > maxInterval:
-		return bad("keep alive %v is above %v", c.KeepAlive, maxInterval)
-	}
-	if c.Calendar.Period != 0 {
-		if err := c.Calendar.validate(); err != nil {
-			return err
-		}
-		if c.Interval != c.Calendar.longest() {
-			return bad("interval %v: a %v quota's is %v, its longest window", c.Interval, c.Calendar, c.Calendar.longest())
-		}
-	}
-	d := c.withDefaults()
-	intervalUS := d.Interval.Microseconds()
-	switch {
-	case d.Rate > intervalUS:
-		// The funnel's emission interval (Interval / Rate) must be at least 1µs.
-		return bad("rate %d per %v is finer than one permit per microsecond", d.Rate, d.Interval)
-	case d.Burst > maxTolerance/((intervalUS+d.Rate-1)/d.Rate): // the emission interval rounded up: the funnel's is exact
-		return bad("burst %d at %d per %v is too large", d.Burst, d.Rate, d.Interval)
-	case int64(d.Buckets) > d.Interval.Milliseconds():
-		return bad("%d buckets do not fit in %v at millisecond resolution", d.Buckets, d.Interval)
-	}
-	return nil
+	return wire.ValidateRates(specs)
 }
 
 // maxLogRate bounds a token bucket's own Rate: the log it keeps in Redisson's

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"runtime"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/redlimit/redlimit/internal/degradedlocal"
 	"github.com/redlimit/redlimit/internal/heartbeat"
 	"github.com/redlimit/redlimit/internal/local"
 	"github.com/redlimit/redlimit/internal/wire"
@@ -175,38 +175,6 @@ func (d *degraded) close() {
 	}
 }
 
-// degradedFamily is what degraded mode keeps of one limiter (its family's):
-// the config last seen in force, and the local state.
-type degradedFamily struct {
-	seen     atomic.Pointer[seenConfig]
-	fetching atomic.Bool // a read of the stored config is under way
-	mu       sync.Mutex  // makes state
-	state    atomic.Pointer[localState]
-}
-
-// seenConfig is a config a decision found in force, and the limits and
-// windows that decision reported: while decisions report the same, it is
-// still the one.
-type seenConfig struct {
-	cfg    Config
-	quotas []Quota
-}
-
-// localState is a limiter decided locally: on cfg, shared by n instances.
-type localState struct {
-	cfg    Config
-	n      int64
-	mu     sync.Mutex // guards lim
-	lim    *local.Limiter
-	quotas []Quota       // the share's rates' Limit and Window
-	full   []int64       // each rate's own capacity: a request above it never fits
-	retry  time.Duration // what a request above the share but within the limit is told to wait
-	// edges are each calendar rate's windows (nil for the others), or nil
-	// with none: such a rate's Window is the length of the window that
-	// holds now, as Redis reports it.
-	edges []func(us int64) (start, end int64)
-}
-
 // settle is degraded mode's part of the settle layer (pipeline.go): a
 // decision Redis made teaches the config in force; one it could not make
 // (ErrUnavailable, not the caller's cancellation) is decided locally when
@@ -241,74 +209,29 @@ func (d *degraded) learn(l *Limiter, r Result) {
 	if !degradable(l) {
 		return
 	}
-	f := &l.family.degraded
-	if s := f.seen.Load(); s != nil && sameQuotas(r, s.quotas) {
-		return
+	var buf [maxRates]degradedlocal.Quota
+	quotas := reported(buf[:0], r)
+	if l.family.degraded.Knows(quotas) {
+		return // as every decision Redis makes passes here: no allocation
 	}
-	if l.source == wire.SourceDefault && defaultQuotas(r, l.dfltRates) {
-		f.seen.Store(&seenConfig{cfg: l.dflt, quotas: reported(r)})
-		return
+	learning := degradedlocal.Learning[Config]{Quotas: slices.Clone(quotas), Read: l.Config, Timeout: d.cfg.Heartbeat,
+		InOrder: l.client.now != nil}
+	if l.source == wire.SourceDefault {
+		learning.Default, learning.DefaultRates = &l.dflt, l.dfltRates
 	}
-	if !f.fetching.CompareAndSwap(false, true) {
-		return
-	}
-	if l.client.now != nil {
-		d.fetch(l, reported(r)) // on a controlled clock, in order: a test's run is the same every time
-		return
-	}
-	go d.fetch(l, reported(r))
+	l.family.degraded.Learn(learning)
 }
 
-// fetch reads the stored config, which decisions reported as quotas.
-func (d *degraded) fetch(l *Limiter, quotas []Quota) {
-	f := &l.family.degraded
-	defer f.fetching.Store(false)
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Heartbeat)
-	defer cancel()
-	if cfg, err := l.Config(ctx); err == nil {
-		f.seen.Store(&seenConfig{cfg: cfg, quotas: quotas})
-	}
-}
-
-// reported lists r's rates' Limit and Window (not their resets: the rates,
-// not their state).
-func reported(r Result) []Quota {
+// reported appends r's rates' Limit and Window to qs (not their resets:
+// the rates, not their state).
+func reported(qs []degradedlocal.Quota, r Result) []degradedlocal.Quota {
 	if len(r.Quotas) == 0 {
-		return []Quota{{Limit: r.Limit, Window: r.Window}}
+		return append(qs, degradedlocal.Quota{Limit: r.Limit, Window: r.Window})
 	}
-	qs := make([]Quota, len(r.Quotas))
-	for i, q := range r.Quotas {
-		qs[i] = Quota{Limit: q.Limit, Window: q.Window}
+	for _, q := range r.Quotas {
+		qs = append(qs, degradedlocal.Quota{Limit: q.Limit, Window: q.Window})
 	}
 	return qs
-}
-
-// sameQuotas reports whether r reports the rates qs.
-func sameQuotas(r Result, qs []Quota) bool {
-	if len(r.Quotas) > 0 {
-		return slices.EqualFunc(r.Quotas, qs, func(a, b Quota) bool { return a.Limit == b.Limit && a.Window == b.Window })
-	}
-	return len(qs) == 1 && qs[0] == Quota{Limit: r.Limit, Window: r.Window}
-}
-
-// defaultQuotas reports whether r reports the rates of a default, as the
-// scripts report them.
-func defaultQuotas(r Result, rates []wire.Rate) bool {
-	n := max(1, len(r.Quotas))
-	if len(rates) != n {
-		return false
-	}
-	for i, rate := range rates {
-		limit, window := wire.Quota(rate)
-		q := Quota{Limit: r.Limit, Window: r.Window}
-		if len(r.Quotas) > 0 {
-			q = r.Quotas[i]
-		}
-		if q != (Quota{Limit: limit, Window: time.Duration(window) * time.Millisecond}) {
-			return false
-		}
-	}
-	return true
 }
 
 // decide decides permits locally, if the limiter can be (see the package
@@ -317,10 +240,9 @@ func (d *degraded) decide(l *Limiter, permits int64) (Result, bool) {
 	if !degradable(l) {
 		return Result{}, false
 	}
-	f := &l.family.degraded
 	var cfg Config
-	if s := f.seen.Load(); s != nil {
-		cfg = s.cfg
+	if s := l.family.degraded.Seen(); s != nil {
+		cfg = s.Config
 	} else if l.source == wire.SourceDefault {
 		cfg = l.dflt
 	} else {
@@ -334,41 +256,33 @@ func (d *degraded) decide(l *Limiter, permits int64) (Result, bool) {
 	if n < 1 {
 		return Result{}, false
 	}
-	s := f.local(l.alg, cfg, n, d.cfg.Heartbeat)
-	if s == nil {
+	now := l.client.clock()
+	o, ok := l.family.degraded.Decide(degradedlocal.Config[Config]{Config: cfg, Equal: Config.equal, N: n, Algorithm: l.alg.Name,
+		Rates: func() []degradedlocal.Rate { return localRates(l.alg, cfg) }, Retry: d.cfg.Heartbeat}, now.UnixMicro(), permits)
+	if !ok {
 		return Result{}, false
 	}
-	now := l.client.clock()
-	s.mu.Lock()
-	dec := s.lim.Allow(now.UnixMicro(), permits)
-	s.mu.Unlock()
 	if !d.active.Load() && d.active.CompareAndSwap(false, true) {
 		d.since.Store(now.UnixNano())
 	}
-	return s.result(dec, permits, now.UnixMicro()), true
+	r := Result{Allowed: o.Allowed, Remaining: o.Remaining, RetryAfter: o.RetryAfter, ResetAfter: o.ResetAfter,
+		Limit: o.Limit, Window: o.Window, Bound: o.Bound, Reason: ReasonDegraded}
+	for _, q := range o.Quotas {
+		r.Quotas = append(r.Quotas, Quota(q))
+	}
+	return r, true
 }
 
-// local returns the limiter's local state for cfg shared by n instances:
-// the one kept, or a new one when either changed.
-func (f *degradedFamily) local(alg *wire.Algorithm, cfg Config, n int64, retry time.Duration) *localState {
-	if s := f.state.Load(); s != nil && s.n == n && s.cfg.equal(cfg) {
-		return s
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if s := f.state.Load(); s != nil && s.n == n && s.cfg.equal(cfg) {
-		return s // made meanwhile
-	}
-	s := &localState{cfg: cfg, n: n, retry: retry}
-	var rates []local.Rate
-	all := cfg.rates()
-	for k, r := range all {
+// localRates is cfg's rates as alg decides them locally, each with its own
+// capacity.
+func localRates(alg *wire.Algorithm, cfg Config) []degradedlocal.Rate {
+	var rates []degradedlocal.Rate
+	for _, r := range cfg.rates() {
 		r = r.withDefaults()
-		lr := local.Rate{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds()}
-		full := r.Rate
+		lr := degradedlocal.Rate{Rate: local.Rate{Rate: r.Rate, IntervalMS: r.Interval.Milliseconds()}, Full: r.Rate}
 		switch alg {
 		case wire.Funnel:
-			lr.Burst, full = r.Burst, r.Burst
+			lr.Burst, lr.Full = r.Burst, r.Burst
 		case wire.SlidingWindow:
 			lr.Buckets = int64(r.Buckets)
 		}
@@ -378,59 +292,8 @@ func (f *degradedFamily) local(alg *wire.Algorithm, cfg Config, n int64, retry t
 				start, end := cal.Window(time.UnixMicro(us))
 				return start.UnixMicro(), end.UnixMicro()
 			}
-			if s.edges == nil {
-				s.edges = make([]func(int64) (int64, int64), len(all))
-			}
-			s.edges[k] = lr.Window
 		}
-		lr = lr.Shared(n)
-		limit, window := wire.Quota(wire.Rate{Rate: lr.Rate, IntervalMS: lr.IntervalMS, Burst: lr.Burst})
-		s.quotas = append(s.quotas, Quota{Limit: limit, Window: time.Duration(window) * time.Millisecond})
-		s.full = append(s.full, full)
 		rates = append(rates, lr)
 	}
-	lim, err := local.New(alg.Name, rates)
-	if err != nil {
-		return nil // a config validation let through would be a bug: fail as without degraded mode
-	}
-	s.lim = lim
-	f.state.Store(s)
-	return s
-}
-
-// result is the Result of a local decision on permits at now (µs). A
-// request above a rate's own capacity never fits, as Redis would say; one
-// above the share only, not until Redis decides again: it is told to retry
-// after a Heartbeat.
-func (s *localState) result(dec local.Decision, permits, now int64) Result {
-	r := Result{Allowed: dec.Allowed, Remaining: dec.Remaining, RetryAfter: micros(dec.Retry),
-		ResetAfter: micros(dec.Reset), Reason: ReasonDegraded}
-	bound := dec.Bound
-	if dec.Retry < 0 {
-		r.RetryAfter = s.retry
-		for k, full := range s.full {
-			if permits > full {
-				r.RetryAfter, bound = Never, k
-				break
-			}
-		}
-	}
-	quotas := s.quotas
-	if s.edges != nil {
-		quotas = slices.Clone(s.quotas)
-		for k, edges := range s.edges {
-			if edges != nil {
-				start, end := edges(now)
-				quotas[k].Window = time.Duration(end-start) * time.Microsecond
-			}
-		}
-	}
-	r.Limit, r.Window = quotas[bound].Limit, quotas[bound].Window
-	if len(quotas) > 1 {
-		r.Bound, r.Quotas = bound, slices.Clone(quotas)
-		for k := range r.Quotas {
-			r.Quotas[k].ResetAfter = micros(dec.Resets[k])
-		}
-	}
-	return r
+	return rates
 }

@@ -321,14 +321,14 @@ func TestDegradedStoredConfig(t *testing.T) {
 	ok, err := l.TryAcquire(ctx, 1)
 	require.NoError(t, err)
 	require.True(t, ok)
-	seen := l.family.degraded.seen.Load()
+	seen := l.family.degraded.Seen()
 	require.NotNil(t, seen)
-	assert.True(t, seen.cfg.equal(PerMinute(9)), "%v", seen.cfg)
+	assert.True(t, seen.Config.equal(PerMinute(9)), "%v", seen.Config)
 	for range 5 {
 		_, err := withDefault.TryAcquire(ctx, 1) // the same limits: nothing more to read
 		require.NoError(t, err)
 	}
-	assert.Same(t, seen, l.family.degraded.seen.Load(), "read once")
+	assert.Same(t, seen, l.family.degraded.Seen(), "read once")
 	hook.down.Store(true)
 	assert.Equal(t, 3, granted(withDefault, 5), "⌈9 / 3⌉: the stored config's share, not the default's")
 	hook.down.Store(false)

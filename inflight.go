@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/redlimit/redlimit/internal/inflight"
@@ -68,43 +67,16 @@ func (cfg InFlightConfig) String() string {
 	return fmt.Sprintf("%d in flight, %v each unless refreshed", cfg.Limit, cfg.TTL)
 }
 
-const (
-	// maxInFlightLimit bounds Limit: an acquire removes every hold that has
-	// expired in one call, and a crash of every holder leaves Limit of them.
-	// Removing 100,000 takes Redis some tens of milliseconds.
-	maxInFlightLimit = wire.MaxInFlightLimit
-	// inFlightPoll is the longest a waiting Acquire sleeps between attempts:
-	// a holder that releases early tells no one, so waiters look again.
-	inFlightPoll = 20 * time.Millisecond
-	// minInFlightTTL bounds TTL from below: a hold's lease ends
-	// inflight.LeaseMargin(TTL) before its TTL does, and below 10ms the margin would
-	// leave no time for a refresh (every TTL/3) to renew it in.
-	minInFlightTTL = wire.MinTTLMS * time.Millisecond
-)
-
-// The in-flight script's arguments are wire.InFlightOp …: see internal/wire.
-const (
-	inflightArgOp, inflightArgNow, inflightArgHold, inflightArgConfig = wire.InFlightOp, wire.InFlightNow, wire.InFlightHold, wire.InFlightConfig
-
-	// inflightAlgorithm is the name the config hash stores (its algorithm
-	// field) and observers see.
-	inflightAlgorithm = wire.InFlightAlgorithm
-)
-
-// The in-flight script's ops, boxed once.
-var (
-	opAcquire, opRefresh, opHolders, opHoldRelease any = string(wire.OpAcquire), string(wire.OpRefresh), string(wire.OpHolders), string(wire.OpHoldRelease)
-	opGet, opSet, opTrySet, opDelete, opReset          = any(string(wire.OpGet)), any(string(wire.OpSet)), any(string(wire.OpTrySet)), any(string(wire.OpDelete)), any(string(wire.OpReset))
-	sourceDefault, sourceNew                           = string(wire.SourceDefault), string(wire.SourceNew)
-	inflightScript                                     = scripts.InFlight
-)
+// inFlightPoll is the longest a waiting Acquire sleeps between attempts:
+// a holder that releases early tells no one, so waiters look again.
+const inFlightPoll = 20 * time.Millisecond
 
 // InFlight returns a handle on the in-flight limit called name (with the
 // Client's prefix). Its keys are built here, once.
 func (c *Client) InFlight(name string) *InFlight {
-	full := wire.FullName(c.prefix, name)
+	full, err := wire.CheckedName(c.prefix, name)
 	l := &InFlight{client: c, name: full, config: noArg}
-	if err := validName(c.prefix, name, full); err != nil {
+	if err != nil {
 		l.err = err
 		return l
 	}
@@ -117,21 +89,7 @@ func (l *InFlight) Name() string { return l.name }
 
 // Validate reports why cfg cannot be an in-flight config, wrapping
 // ErrInvalidConfig. SetLimit, TrySetLimit and WithDefault check the same.
-func (l *InFlight) Validate(cfg InFlightConfig) error {
-	switch {
-	case cfg.Limit < 1 || cfg.Limit > maxInFlightLimit:
-		return invalid("limit %d is outside 1..%d", cfg.Limit, maxInFlightLimit)
-	case cfg.TTL < time.Millisecond:
-		return invalid("ttl %v is below 1ms", cfg.TTL)
-	case cfg.TTL%time.Millisecond != 0:
-		return invalid("ttl %v is not a whole number of milliseconds", cfg.TTL)
-	case cfg.TTL < minInFlightTTL:
-		return invalid("ttl %v is below %v: a hold's lease would leave no time to refresh it in", cfg.TTL, minInFlightTTL)
-	case cfg.TTL > maxInterval:
-		return invalid("ttl %v is above %v", cfg.TTL, maxInterval)
-	}
-	return nil
-}
+func (l *InFlight) Validate(cfg InFlightConfig) error { return inflight.Validate(cfg.Limit, cfg.TTL) }
 
 // WithDefault returns a handle that uses cfg while no config is stored in
 // Redis. It makes no round trip and stores nothing; SetLimit does. An
@@ -142,13 +100,8 @@ func (l *InFlight) WithDefault(cfg InFlightConfig) *InFlight {
 		d.err = errors.Join(d.err, err)
 		return &d
 	}
-	d.dflt, d.config = cfg, cfg.arg(sourceDefault)
+	d.dflt, d.config = cfg, inflight.ConfigArg(wire.SourceDefault, cfg.Limit, cfg.TTL)
 	return &d
-}
-
-// arg encodes cfg for the script: source, limit, ttl in ms.
-func (cfg InFlightConfig) arg(source string) string {
-	return source + " " + strconv.FormatInt(cfg.Limit, 10) + " " + strconv.FormatInt(cfg.TTL.Milliseconds(), 10)
 }
 
 // SetLimit stores cfg, replacing any stored config. Holds are kept: with a
@@ -156,7 +109,7 @@ func (cfg InFlightConfig) arg(source string) string {
 // until fewer than the new Limit remain; a new TTL applies from each hold's
 // next refresh.
 func (l *InFlight) SetLimit(ctx context.Context, cfg InFlightConfig) error {
-	_, err := l.store(ctx, opSet, cfg)
+	_, err := l.store(ctx, inflight.OpSet, cfg)
 	return err
 }
 
@@ -164,14 +117,14 @@ func (l *InFlight) SetLimit(ctx context.Context, cfg InFlightConfig) error {
 // whether it did: every instance can call it at start-up, and an operator's
 // SetLimit is kept.
 func (l *InFlight) TrySetLimit(ctx context.Context, cfg InFlightConfig) (bool, error) {
-	return l.store(ctx, opTrySet, cfg)
+	return l.store(ctx, inflight.OpTrySet, cfg)
 }
 
 func (l *InFlight) store(ctx context.Context, op any, cfg InFlightConfig) (bool, error) {
 	if err := l.Validate(cfg); err != nil {
 		return false, err
 	}
-	reply, err := l.eval(ctx, op, noArg, cfg.arg(sourceNew))
+	reply, err := l.eval(ctx, op, noArg, inflight.ConfigArg(wire.SourceNew, cfg.Limit, cfg.TTL))
 	if err != nil {
 		return false, err
 	}
@@ -181,33 +134,27 @@ func (l *InFlight) store(ctx context.Context, op any, cfg InFlightConfig) (bool,
 // Config returns the stored config, or the handle's default when none is
 // stored.
 func (l *InFlight) Config(ctx context.Context) (InFlightConfig, error) {
-	reply, err := l.eval(ctx, opGet, noArg, noArg)
+	reply, err := l.eval(ctx, inflight.OpGet, noArg, noArg)
 	if err != nil {
 		return InFlightConfig{}, err
 	}
-	v, ok := reply.([]any)
-	if ok && len(v) == 0 {
-		if l.dflt.Limit == 0 {
-			return InFlightConfig{}, fmt.Errorf("%w: %s", ErrNotInitialized, l.name)
-		}
-		return l.dflt, nil
+	limit, ttl, found, err := inflight.ParseConfig(reply)
+	switch {
+	case err != nil:
+		return InFlightConfig{}, err
+	case found:
+		return InFlightConfig{Limit: limit, TTL: ttl}, nil
+	case l.dflt.Limit == 0:
+		return InFlightConfig{}, fmt.Errorf("%w: %s", ErrNotInitialized, l.name)
 	}
-	var n [2]int64
-	if !ok || len(v) != len(n) || !wire.Integers(v, n[:]) {
-		return InFlightConfig{}, unexpected(reply)
-	}
-	cfg := InFlightConfig{Limit: n[0], TTL: time.Duration(n[1]) * time.Millisecond}
-	if l.Validate(cfg) != nil {
-		return InFlightConfig{}, unexpected(reply)
-	}
-	return cfg, nil
+	return l.dflt, nil
 }
 
 // Delete removes the config and every hold, and reports whether there were
 // any. Holders still working are not told: their next refresh or release
 // finds their hold gone, and says it was dropped (Hold.Err).
 func (l *InFlight) Delete(ctx context.Context) (bool, error) {
-	reply, err := l.eval(ctx, opDelete, noArg, noArg)
+	reply, err := l.eval(ctx, inflight.OpDelete, noArg, noArg)
 	if err != nil {
 		return false, err
 	}
@@ -219,7 +166,7 @@ func (l *InFlight) Delete(ctx context.Context) (bool, error) {
 // stuck. Their holders are not told at once: each finds its hold lost
 // (ErrHoldLost, saying it was dropped) on its next refresh or release.
 func (l *InFlight) Reset(ctx context.Context) (bool, error) {
-	reply, err := l.eval(ctx, opReset, noArg, noArg)
+	reply, err := l.eval(ctx, inflight.OpReset, noArg, noArg)
 	if err != nil {
 		return false, err
 	}
@@ -237,22 +184,17 @@ type Holder struct {
 // Holders lists the live holds, the one expiring first first. It writes
 // nothing.
 func (l *InFlight) Holders(ctx context.Context) ([]Holder, error) {
-	reply, err := l.eval(ctx, opHolders, noArg, noArg)
+	reply, err := l.eval(ctx, inflight.OpHolders, noArg, noArg)
 	if err != nil {
 		return nil, err
 	}
-	v, ok := reply.([]any)
-	if !ok || len(v)%2 != 0 {
-		return nil, unexpected(reply)
+	hs, err := inflight.ParseHolders(reply)
+	if err != nil {
+		return nil, err
 	}
-	holders := make([]Holder, 0, len(v)/2)
-	for i := 0; i < len(v); i += 2 {
-		id, ok1 := v[i].(string)
-		ms, ok2 := v[i+1].(int64)
-		if !ok1 || !ok2 || ms < 0 || ms > maxInterval.Milliseconds() {
-			return nil, unexpected(reply)
-		}
-		holders = append(holders, Holder{ID: id, TTL: time.Duration(ms) * time.Millisecond})
+	holders := make([]Holder, len(hs))
+	for i, h := range hs {
+		holders[i] = Holder(h)
 	}
 	return holders, nil
 }
@@ -324,7 +266,7 @@ func (l *InFlight) try(ctx context.Context, id string) (*Hold, time.Duration, er
 	sent := c.clock()
 	var r Result
 	var a inflight.Acquire
-	reply, err := l.eval(ctx, opAcquire, id, l.config)
+	reply, err := l.eval(ctx, inflight.OpAcquire, id, l.config)
 	if err == nil {
 		a, err = inflight.ParseAcquire(reply)
 		r = Result{Allowed: a.Granted, Limit: a.Limit, RetryAfter: a.Wait}
@@ -334,7 +276,7 @@ func (l *InFlight) try(ctx context.Context, id string) (*Hold, time.Duration, er
 		r = Result{Allowed: true, Reason: ReasonFailOpen}
 	}
 	if c.observe != nil {
-		c.observe(Decision{Limiter: l.name, Algorithm: inflightAlgorithm, Permits: 1, Result: r, Err: err, Latency: time.Since(start)})
+		c.observe(Decision{Limiter: l.name, Algorithm: wire.InFlightAlgorithm, Permits: 1, Result: r, Err: err, Latency: time.Since(start)})
 	}
 	switch {
 	case failOpen:
@@ -375,9 +317,7 @@ func (l *InFlight) eval(ctx context.Context, op, id, config any) (any, error) {
 	if l.client.now != nil {
 		now = l.client.now().UnixMicro()
 	}
-	args := make([]any, inflightArgConfig)
-	args[inflightArgOp-1], args[inflightArgNow-1], args[inflightArgHold-1], args[inflightArgConfig-1] = op, now, id, config
-	return l.client.run(ctx, inflightScript, l.keys, args)
+	return l.client.run(ctx, scripts.InFlight, l.keys, inflight.Args(op, now, id, config))
 }
 
 // Hold is one slot of an InFlight limit, taken by Acquire or TryAcquire.
@@ -427,8 +367,10 @@ func (l *InFlight) keeper() *inflight.Keeper {
 	c := l.client
 	return &inflight.Keeper{
 		Clock: c.clock, After: l.afterFunc, RefreshEvery: l.refreshEvery,
-		Refresh:  func(ctx context.Context, id string) (any, error) { return l.eval(ctx, opRefresh, id, l.config) },
-		Release:  func(ctx context.Context, id string) (any, error) { return l.eval(ctx, opHoldRelease, id, noArg) },
+		Refresh: func(ctx context.Context, id string) (any, error) {
+			return l.eval(ctx, inflight.OpRefresh, id, l.config)
+		},
+		Release:  func(ctx context.Context, id string) (any, error) { return l.eval(ctx, inflight.OpRelease, id, noArg) },
 		Released: func() { c.lines.Released(l.name) },
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlimit/redlimit/internal/inflight"
 	"github.com/redlimit/redlimit/internal/redistest"
 )
 
@@ -167,7 +168,7 @@ func (h *hangingRefreshes) ProcessHook(next redis.ProcessHook) redis.ProcessHook
 		args := cmd.Args()
 		// evalsha sha numkeys keys... op now hold config
 		n, _ := args[min(2, len(args)-1)].(int)
-		if cmd.Name() != "evalsha" || !h.armed.Load() || len(args) <= 3+n || args[3+n] != opRefresh {
+		if cmd.Name() != "evalsha" || !h.armed.Load() || len(args) <= 3+n || args[3+n] != inflight.OpRefresh {
 			return next(ctx, cmd)
 		}
 		var err error

@@ -374,7 +374,7 @@ func TestInFlightBadInput(t *testing.T) {
 	for _, bad := range []InFlightConfig{
 		{Limit: 0, TTL: time.Second},
 		{Limit: -1, TTL: time.Second},
-		{Limit: maxInFlightLimit + 1, TTL: time.Second},
+		{Limit: wire.MaxInFlightLimit + 1, TTL: time.Second},
 		{Limit: 1, TTL: 0},
 		{Limit: 1, TTL: -time.Second},
 		{Limit: 1, TTL: 999 * time.Microsecond},
@@ -451,7 +451,7 @@ func TestInFlightCorruptState(t *testing.T) {
 		c := newClient(rdb, newClock())
 		l := c.InFlight(uniqueName(t))
 		conf, holds := l.keys[0].(string), l.keys[1].(string)
-		require.NoError(t, rdb.HSet(ctx, conf, "limit", "ten", "ttl", "1000", "algorithm", inflightAlgorithm).Err())
+		require.NoError(t, rdb.HSet(ctx, conf, "limit", "ten", "ttl", "1000", "algorithm", wire.InFlightAlgorithm).Err())
 		_, err := l.TryAcquire(ctx)
 		assert.ErrorIs(t, err, ErrCorruptState)
 		require.NoError(t, rdb.HSet(ctx, conf, "limit", "10", "ttl", "0").Err())

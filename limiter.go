@@ -30,11 +30,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redlimit/redlimit/internal/calendar"
+	"github.com/redlimit/redlimit/internal/degradedlocal"
 	"github.com/redlimit/redlimit/internal/leasing"
 	"github.com/redlimit/redlimit/internal/wire"
 )
@@ -123,8 +123,8 @@ type family struct {
 	// gives one name one default.
 	withDefault atomic.Pointer[Limiter]
 	// degraded: the config last seen in force, and the local state
-	// (degraded.go, WithDegraded).
-	degraded degradedFamily
+	// (degraded.go, WithDegraded; internal/degradedlocal).
+	degraded degradedlocal.Family[Config]
 }
 
 // familyKey names a family within its Client, whose prefix is the same for all.
@@ -167,10 +167,10 @@ func (c *Client) limiter(name string, alg *wire.Algorithm) *Limiter {
 // newFamily makes the family of the limiter alg keeps under name, with its
 // keys.
 func (c *Client) newFamily(name string, alg *wire.Algorithm) *family {
-	full := wire.FullName(c.prefix, name)
+	full, err := wire.CheckedName(c.prefix, name)
 	f := &family{}
 	f.base = Limiter{client: c, alg: alg, algArg: alg.Name, name: full, clientID: c.clientIDArg, config: "", family: f}
-	if err := validName(c.prefix, name, full); err != nil {
+	if err != nil {
 		f.base.err = err
 		return f
 	}
@@ -186,26 +186,6 @@ func boxed(keys []string) []any {
 		b[i] = k
 	}
 	return b
-}
-
-// validName checks that the full name (wire.FullName of prefix and name)
-// gives keys that share one Cluster slot: its first '{', if any, opens a
-// non-empty hash tag. The error speaks of the braces the caller wrote, not
-// of those FullName added.
-func validName(prefix, name, full string) error {
-	if name == "" {
-		return fmt.Errorf("%w: empty", ErrInvalidName)
-	}
-	open := strings.IndexByte(full, '{')
-	if open < 0 || strings.IndexByte(full[open:], '}') > 1 {
-		return nil
-	}
-	if !strings.Contains(prefix+name, "{") {
-		// FullName made the tag, prefix{name}, and name closed it at once.
-		return fmt.Errorf("%w: %q: under a prefix a name cannot start with '}': its keys are named %q…, whose \"{}\" is no hash tag",
-			ErrInvalidName, name, full)
-	}
-	return fmt.Errorf("%w: %q: a '{' must open a non-empty hash tag", ErrInvalidName, full)
 }
 
 // Name returns the limiter's full name (with the Client's prefix): the key of its config hash.
@@ -527,15 +507,9 @@ func (l *Limiter) Clients(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, ok := reply.([]any)
+	ids, ok := wire.Strings(reply)
 	if !ok {
 		return nil, unexpected(reply)
-	}
-	ids := make([]string, len(v))
-	for i, id := range v {
-		if ids[i], ok = id.(string); !ok {
-			return nil, unexpected(reply)
-		}
 	}
 	return ids, nil
 }

@@ -75,3 +75,43 @@ func ZeroOrOne(reply any) (bool, error) {
 	}
 	return n == 1, nil
 }
+
+// ParseConfig reads a get's reply: {limit, ttl ms}, or {} for no config
+// stored (found false). A config the script would never have stored is
+// ErrUnexpectedReply.
+func ParseConfig(reply any) (limit int64, ttl time.Duration, found bool, err error) {
+	v, ok := reply.([]any)
+	if ok && len(v) == 0 {
+		return 0, 0, false, nil
+	}
+	var n [2]int64
+	if !ok || len(v) != len(n) || !wire.Integers(v, n[:]) || Validate(n[0], time.Duration(n[1])*time.Millisecond) != nil {
+		return 0, 0, false, wire.Unexpected(reply)
+	}
+	return n[0], time.Duration(n[1]) * time.Millisecond, true, nil
+}
+
+// Holder is one live hold, as the holders op lists it (redlimit.Holder).
+type Holder struct {
+	ID  string
+	TTL time.Duration
+}
+
+// ParseHolders reads a holders reply: each hold's id and ms left, the one
+// expiring first first.
+func ParseHolders(reply any) ([]Holder, error) {
+	v, ok := reply.([]any)
+	if !ok || len(v)%2 != 0 {
+		return nil, wire.Unexpected(reply)
+	}
+	holders := make([]Holder, 0, len(v)/2)
+	for i := 0; i < len(v); i += 2 {
+		id, ok1 := v[i].(string)
+		ms, ok2 := v[i+1].(int64)
+		if !ok1 || !ok2 || ms < 0 || ms > maxMS {
+			return nil, wire.Unexpected(reply)
+		}
+		holders = append(holders, Holder{ID: id, TTL: time.Duration(ms) * time.Millisecond})
+	}
+	return holders, nil
+}

@@ -28,6 +28,41 @@ const (
 	AllShadow    = 's'     // in shadow mode (the Client's or the handle's): its denial does not
 )
 
+// AllCall is an all-or-nothing call's KEYS and ARGV, as NewAllCall and Add
+// lay them out.
+type AllCall struct{ Keys, Args []any }
+
+// NewAllCall begins the call of n requests, shadow saying which are in
+// shadow mode.
+func NewAllCall(shadow []bool) *AllCall {
+	flags := make([]byte, len(shadow))
+	for i, on := range shadow {
+		flags[i] = AllBinds
+		if on {
+			flags[i] = AllShadow
+		}
+	}
+	args := make([]any, 2, 2+len(shadow)*(RequestHead+ArgLast))
+	args[0], args[1] = FrameAll, string(flags)
+	return &AllCall{Args: args}
+}
+
+// Add appends one request, framed as any decision call's.
+func (c *AllCall) Add(algorithm, op any, keys, args []any) {
+	c.Args = append(append(c.Args, algorithm, op, len(keys), len(args)), args...)
+	c.Keys = append(c.Keys, keys...)
+}
+
+// ParseAll reads the call's reply for n requests: whether every request
+// counted, and each one's reply.
+func ParseAll(reply any, n int) (counted bool, replies []any, ok bool) {
+	v, ok := reply.([]any)
+	if !ok || len(v) != 1+n || v[0] != int64(0) && v[0] != int64(1) {
+		return false, nil, false
+	}
+	return v[0] == int64(1), v[1:], true
+}
+
 // allConstants are the block's names in the scripts.
 func allConstants() []Constant {
 	return []Constant{

@@ -1,6 +1,9 @@
 package wire
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // The key layout. A limiter's keys all start with the Client's prefix (for
 // ACL key patterns and SCAN MATCH) and share one Cluster slot: the name
@@ -21,6 +24,27 @@ func FullName(prefix, name string) string {
 		return prefix + name
 	}
 	return prefix + "{" + name + "}"
+}
+
+// CheckedName is FullName(prefix, name), and an error wrapping
+// ErrInvalidName unless it gives keys that share one Cluster slot: its
+// first '{', if any, opens a non-empty hash tag. The error speaks of the
+// braces the caller wrote, not of those FullName added.
+func CheckedName(prefix, name string) (string, error) {
+	full := FullName(prefix, name)
+	if name == "" {
+		return full, fmt.Errorf("%w: empty", ErrInvalidName)
+	}
+	open := strings.IndexByte(full, '{')
+	if open < 0 || strings.IndexByte(full[open:], '}') > 1 {
+		return full, nil
+	}
+	if !strings.Contains(prefix+name, "{") {
+		// FullName made the tag, prefix{name}, and name closed it at once.
+		return full, fmt.Errorf("%w: %q: under a prefix a name cannot start with '}': its keys are named %q…, whose \"{}\" is no hash tag",
+			ErrInvalidName, name, full)
+	}
+	return full, fmt.Errorf("%w: %q: a '{' must open a non-empty hash tag", ErrInvalidName, full)
 }
 
 // KeyOf follows Redisson: {name}:suffix, or name:suffix when name already

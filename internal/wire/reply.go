@@ -256,17 +256,20 @@ func MissingClients(reply any) ([]string, bool) {
 	if !ok || len(v) != 2 || v[0] != ReplyMissing {
 		return nil, false
 	}
-	ids, ok := v[1].([]any)
+	return Strings(v[1])
+}
+
+// Strings reads a reply that lists strings (client ids).
+func Strings(reply any) ([]string, bool) {
+	v, ok := reply.([]any)
 	if !ok {
 		return nil, false
 	}
-	missing := make([]string, 0, len(ids))
-	for _, id := range ids {
-		s, ok := id.(string)
-		if !ok {
+	list := make([]string, len(v))
+	for i, s := range v {
+		if list[i], ok = s.(string); !ok {
 			return nil, false
 		}
-		missing = append(missing, s)
 	}
-	return missing, true
+	return list, true
 }
