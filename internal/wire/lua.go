@@ -44,6 +44,7 @@ func Constants() []Constant {
 	num("BYTE_SOURCE_DEFAULT", int64(SourceDefault[0]))
 	num("BYTE_SOURCE_FIXED", int64(SourceFixed[0]))
 	str("CONFIG_ARG", configArg)
+	str("CONFIG_ARG_COMMON", configArgCommon)
 	for i, name := range []string{"H_RATE", "H_INTERVAL", "H_TYPE", "H_KEEPALIVE", "H_ALGORITHM", "H_MORE", "H_SHADOW"} {
 		num(name, int64(1+i))
 	}
