@@ -80,7 +80,7 @@ func Assemble(files fs.FS) Scripts {
 		case ok:
 			src = common + rare
 		}
-		return fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", src, wire.LuaModuleInfo(a))
+		return fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", src, wire.LuaModuleInfo(a, part == commonPart))
 	}
 	var modules, whole strings.Builder
 	for _, a := range wire.Algorithms {

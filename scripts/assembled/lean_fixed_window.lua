@@ -164,8 +164,7 @@ end
 
 return window
 end)()
-m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'fixed_window', true, false, true, 'calendar'
-m.FIELD1, m.FIELD2, m.FOREIGN, m.REGISTRY, m.REQUESTS, m.STATE_AT = 'window', 'count', '^[^ ]*$', 2, 3, 9
+m.NAME, m.OWN, m.FIELD1, m.FIELD2, m.FOREIGN, m.STATE_AT = 'fixed_window', 'calendar', 'window', 'count', '^[^ ]*$', 9
 m.read = function(key) return redis.pcall('HMGET', key, 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more', 'shadow', 'calendar', 'window', 'count') end
 -- A batch's tables (decide.lua's; the lean script, which decides one
 -- request, makes none, as every table made costs its call):

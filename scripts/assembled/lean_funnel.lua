@@ -230,8 +230,7 @@ end
 
 return funnel
 end)()
-m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'funnel', true, false, false, 'burst'
-m.FIELD1, m.FIELD2, m.FOREIGN, m.REGISTRY, m.REQUESTS, m.STATE_AT = 'tat', nil, '[^%d,;]', 2, 3, 9
+m.NAME, m.OWN, m.FIELD1, m.FIELD2, m.FOREIGN, m.STATE_AT = 'funnel', 'burst', 'tat', nil, '[^%d,;]', 9
 m.read = function(key) return redis.pcall('HMGET', key, 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more', 'shadow', 'burst', 'tat') end
 -- A batch's tables (decide.lua's; the lean script, which decides one
 -- request, makes none, as every table made costs its call):

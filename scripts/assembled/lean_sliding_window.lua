@@ -216,8 +216,7 @@ end
 
 return sliding
 end)()
-m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'sliding_window', true, false, false, 'buckets'
-m.FIELD1, m.FIELD2, m.FOREIGN, m.REGISTRY, m.REQUESTS, m.STATE_AT = 'counts', nil, '^[^:]*$', 2, 3, 9
+m.NAME, m.OWN, m.FIELD1, m.FIELD2, m.FOREIGN, m.STATE_AT = 'sliding_window', 'buckets', 'counts', nil, '^[^:]*$', 9
 m.read = function(key) return redis.pcall('HMGET', key, 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more', 'shadow', 'buckets', 'counts') end
 -- A batch's tables (decide.lua's; the lean script, which decides one
 -- request, makes none, as every table made costs its call):
