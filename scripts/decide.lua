@@ -178,10 +178,11 @@ end
 -- wrong guess costs a failed command: the reply's kind tells the client
 -- what was found, so that its next guess is right.
 -- It returns f, the hash's fields (alg.read's: the config's, then the first
--- rate's state fields), or nil; flat, a string, or nil.
-local function read_limiter(key, alg, hash_first)
+-- rate's state fields), or nil; flat, a string, or nil. got: the GET's
+-- reply, when bucket_common made it already.
+local function read_limiter(key, alg, hash_first, got)
   if not hash_first then
-    local got = redis.pcall('GET', key)
+    got = got or redis.pcall('GET', key)
     if not got then
       return nil, nil
     elseif not got.err then
@@ -284,7 +285,8 @@ end
 -- KEYS[k + 1 ..], its arguments ARGV[a + 1 .. a + na]), or nil for a config
 -- it refuses. (Given as arguments, not upvalues: gopher-lua, miniredis's
 -- Lua, gives a function called by pcall stale upvalues after an error.)
-local function decide(name, op, k, a, na)
+-- got: the limiter's key as bucket_common read it (a default's GET), or nil.
+local function decide(name, op, k, a, na, got)
   local alg = module(name)
   local now = clock(ARGV[a + A_NOW])
   local now_ms = (now - now % 1000) / 1000
@@ -295,7 +297,7 @@ local function decide(name, op, k, a, na)
   local in_config = alg.IN_CONFIG
 
   -- Read: the config, stored (and sound) or given.
-  local f, flat = read_limiter(key1, alg, source ~= SOURCE_DEFAULT)
+  local f, flat = read_limiter(key1, alg, source ~= SOURCE_DEFAULT, got)
   local none, marked = not f and not flat, false
   if flat and string.find(flat, alg.FOREIGN) then
     -- One algorithm's state is never counted by another: a string another
@@ -341,6 +343,9 @@ local function decide(name, op, k, a, na)
   end
   local kind, rates = cfg.kind, cfg.rates
   local n = #rates / 4
+  if alg.rare and (n > 1 or op == OP_RELEASE or op == OP_SETTLE) then
+    alg.rare() -- the module's functions beyond the common decision (see the assembler)
+  end
   if kind == 1 and not has_clients then
     return REPLY_PERCLIENT -- sent with the short key list: the client sends them all from now on
   end
@@ -744,22 +749,109 @@ local function decide(name, op, k, a, na)
     shadow, bound, more) .. tail
 end
 
+-- bucket_common decides the token bucket's common request (alg's): op
+-- allow, one rate, Overall, no keep-alive, no calendar and no request log,
+-- on a default whose limiter's key holds nothing or the bucket's marker.
+-- It decides as decide does for it, by the same steps and commands, without
+-- decide's general ones (its tables of rates and loops over them, the
+-- request log, the client registry), the better part of a lone decision's
+-- cost. Anything else it leaves to decide (nil) before any command but
+-- the clock's and the limiter's read (a default's GET), whose reply it
+-- returns too, for decide to take.
+local function bucket_common(alg, k, a, na)
+  local config_arg = ARGV[a + A_CONFIG]
+  if na > A_ID or string.byte(config_arg, 1) ~= BYTE_SOURCE_DEFAULT then
+    return nil
+  end
+  local _, _, rate, interval, burst, buckets = string.find(config_arg, CONFIG_ARG_COMMON)
+  if not rate then
+    return nil
+  end
+  rate, interval, burst, buckets = rate + 0, interval + 0, burst + 0, buckets + 0
+  if not (rate >= 1 and interval >= 1 and interval <= MAX and rate <= interval * 1000 and burst <= MAX
+        and buckets <= MAX_BUCKETS and (buckets == 0 and DEFAULT_BUCKETS or buckets) <= interval) then
+    return nil -- rates_of refuses it: decide says so
+  end
+  if burst == 0 then burst = rate end
+  if buckets == 0 then buckets = DEFAULT_BUCKETS end
+
+  -- Read, as decide does: the clock, then the limiter's key.
+  local key = KEYS[k + 1]
+  local now = clock(ARGV[a + A_NOW])
+  local got = redis.pcall('GET', key)
+  local marked = false
+  if got then
+    if got.err or got ~= alg.NAME then
+      return nil, got
+    end
+    marked = true
+  end
+  local s = { rate = rate, interval = interval, burst = burst, buckets = buckets, K = '', where = key,
+    keys = { KEYS[k + 2], KEYS[k + 3], KEYS[k + 4] }, longest = 0 }
+  alg.load(s, nil, nil, now)
+
+  -- Decide: weigh, for one rate.
+  local permits, id = ARGV[a + A_PERMITS] + 0, nil
+  if na >= A_ID then id = ARGV[a + A_ID] end
+  local allowed, retry, counted = 0, 0, false
+  if permits > rate then
+    retry = -1
+  else
+    local wait = alg.wait(s, permits, now)
+    if wait > 0 then retry = wait else allowed = 1 end
+  end
+  if allowed == 1 and permits > 0 then
+    local ok, why = alg.commit(s, permits, now, id)
+    if not ok then
+      fail(E_PERMITS .. ' ' .. string.format('%d', permits) .. ': ' .. (why or 'a debt past what the state holds exactly'))
+    end
+    counted = true
+  elseif allowed == 0 and retry ~= -1 and permits > 0 and alg.resent(s, id) then
+    allowed, retry = 1, 0 -- a re-sent script whose first run was granted
+  end
+
+  -- Write: the state, then its marker (see decide), expiring with it.
+  if permits > 0 then
+    counted = alg.write(s, now, nil) and counted
+  end
+  local remaining, reset = alg.report(s, now)
+  if remaining > rate then remaining = rate elseif remaining < 0 then remaining = 0 end
+  if counted or not marked then
+    if reset > 0 then
+      local ms = (reset + (-reset) % 1000) / 1000
+      if ms < 1 then ms = 1 end
+      redis.call('SET', key, alg.NAME, 'PX', string.format('%d', ms))
+    elseif marked then
+      redis.call('DEL', key)
+    end
+  end
+  return reply_default(allowed, remaining, retry, reset, nil)
+end
+
 -- request decides one request: the common decision's way (lean.lua's
--- common) when it is one, else decide's, which reads what the common
--- requests before it wrote (flush).
+-- common, or bucket_common) when it is one, else decide's, which reads
+-- what the common requests before it wrote (flush).
 local function request(name, op, k, a, na)
-  if op == OP_ALLOW and na <= A_CONFIG then
+  local got = nil
+  if op == OP_ALLOW and na <= A_ID then
     local m = module(name)
-    if m.IN_CONFIG then
+    if m.IN_CONFIG and na <= A_CONFIG then
       local now = ARGV[a + A_NOW]
       local reply = common(m, k, a, na, now == '' and clock(now) or now + 0, true)
       if reply ~= REPLY_FULL_SCRIPT then
         return reply
       end
+    elseif m.RECORDS then
+      flush()
+      local reply
+      reply, got = bucket_common(m, k, a, na)
+      if reply then
+        return reply
+      end
     end
   end
   flush()
-  return decide(name, op, k, a, na)
+  return decide(name, op, k, a, na, got)
 end
 
 -- All-or-nothing (internal/wire's FrameAll): every request decided first

@@ -20,11 +20,11 @@
 -- decide.lua's common and flush, which its batches call.
 
 --[[@lean_prelude]]
+-- A batch's tables (decide.lua's; the lean script, which decides one
+-- request, makes none, as every table made costs its call):
 -- commons holds the configs a call's requests were given, parsed (rate,
 -- interval, burst and buckets), or false for one common does not decide: a
 -- batch's requests mostly share one.
-local commons = {}
-
 -- touched holds, by key, what a batch's common requests have made of a
 -- limiter's key (its entry), in order, to be written by flush. An entry
 -- holds: m, the module; hash, the key holds a hash (else a flat state, or
@@ -33,13 +33,11 @@ local commons = {}
 -- state's fields as the last decision left them; dirty, they changed; px,
 -- the expiry a change moved (ms); alive, a keep-alive's TTL. Its fields are
 -- all named when it is made: a table that grows is rebuilt as it does.
-local touched, order = {}, {}
-
 -- scratch is, by module, the rate's table a common decision decides in
 -- (decide.lua's s): one per call, as a decision leaves nothing in it that
 -- the next needs (load sets everything from the state), and a table
 -- reused costs a fraction of one made.
-local scratch = {}
+--[[@batch_tables]]
 
 -- entry reads the limiter's key, as decide.lua's read_limiter reads it:
 -- once in a batch (batched: kept in touched); default, the request's source
@@ -162,24 +160,39 @@ local function common(m, k, a, na, now, batched)
   elseif stored or arg == '' then
     return REPLY_FULL_SCRIPT -- Throttle's over a stored config; or none stored, and no default
   else
-    local given = commons[arg]
-    if given == nil then
-      local _, r, i, kind, b, bk, ka, rest = string.match(arg, CONFIG_ARG)
-      r, b, bk = r + 0, b + 0, bk + 0
-      given = kind == '0' and ka == '0' and rest == '' and { r, i + 0, b == 0 and r or b, bk == 0 and DEFAULT_BUCKETS or bk }
-      commons[arg] = given
+    -- Overall, no keep-alive, one rate (CONFIG_ARG_COMMON), or the full
+    -- script's; parsed once in a batch.
+    local given = nil
+    if batched then given = commons[arg] end
+    if given then
+      rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
+    elseif given == false then
+      return REPLY_FULL_SCRIPT
+    else
+      local _, _, r, i, b, bk = string.find(arg, CONFIG_ARG_COMMON)
+      if not r then
+        if batched then commons[arg] = false end
+        return REPLY_FULL_SCRIPT
+      end
+      rate, interval, burst, buckets = r + 0, i + 0, b + 0, bk + 0
+      if burst == 0 then burst = rate end
+      if buckets == 0 then buckets = DEFAULT_BUCKETS end
+      if batched then commons[arg] = { rate, interval, burst, buckets } end
     end
-    if not given then return REPLY_FULL_SCRIPT end
-    rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
   end
 
   -- Decide, as decide.lua does for one rate, in memory.
-  local s = scratch[m]
-  if not s then
-    s = { K = '' }
-    scratch[m] = s
+  local s
+  if batched then
+    s = scratch[m]
+    if not s then
+      s = { K = '' }
+      scratch[m] = s
+    end
+    s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
+  else
+    s = { K = '', where = key, rate = rate, interval = interval, burst = burst, buckets = buckets }
   end
-  s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
   m.load(s, e.v1 or nil, e.v2 or nil, now)
   local permits, capacity = ARGV[a + A_PERMITS] + 0, m.capacity(s)
   local allowed, retry = 0, 0

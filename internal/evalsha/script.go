@@ -61,31 +61,43 @@ func Assemble(files fs.FS) Scripts {
 	// A module's functions after its marker --[[@rare]] (a reservation's
 	// release…) are left out of the lean script, which never calls them: a
 	// function costs each call of a script that makes it.
-	module := func(a *wire.Algorithm, lean bool) string {
+	// The decision script makes them when a request first needs them: the
+	// module's function rare makes them (and is then gone), for the ops
+	// that call them and for the further rates of a config that has them
+	// (decide.lua's decide). The admin script, which runs rarely, makes
+	// every module whole.
+	module := func(a *wire.Algorithm, part int) string {
 		src := strings.TrimRight(read(a.Name+".lua"), "\n")
 		common, rare, ok := strings.Cut(src, rareMarker)
-		if ok && lean {
-			src = common + src[strings.LastIndex(src, "\nreturn "):]
-		} else if ok {
+		ret := src[strings.LastIndex(src, "\nreturn "):]
+		switch {
+		case ok && part == commonPart:
+			src = common + ret
+		case ok && part == lazyRare:
+			name := strings.TrimSpace(strings.TrimPrefix(ret, "\nreturn "))
+			src = common + "\nfunction " + name + ".rare()\n" + name + ".rare = nil\n" +
+				strings.TrimSuffix(rare, ret) + "\nend" + ret
+		case ok:
 			src = common + rare
 		}
-		return fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", src, wire.LuaModuleInfo(a))
+		return fmt.Sprintf("local m = (function()\n%s\nend)()\n%s", src, wire.LuaModuleInfo(a, part == commonPart))
 	}
-	var modules strings.Builder
+	var modules, whole strings.Builder
 	for _, a := range wire.Algorithms {
-		fmt.Fprintf(&modules, "MAKERS[%q] = function()\n%sreturn m\nend\n", a.Name, module(a, false))
+		fmt.Fprintf(&modules, "MAKERS[%q] = function()\n%sreturn m\nend\n", a.Name, module(a, lazyRare))
+		fmt.Fprintf(&whole, "MAKERS[%q] = function()\n%sreturn m\nend\n", a.Name, module(a, wholeModule))
 	}
 	lean := read("lean.lua")
 	header := wire.LuaHeader()
 	decide := paste(read("decide.lua"), map[string]string{
 		"state_fields": wire.LuaStateFields(),
 		"modules":      modules.String(),
-		"common":       paste(lean, map[string]string{"lean_prelude": "", "lean_call": ""}),
+		"common":       paste(lean, map[string]string{"lean_prelude": "", "lean_call": "", "batch_tables": batchTables}),
 	})
 	scripts := Scripts{
 		Decide:    New("decide", Banner+header+inline(decide)),
 		Lean:      map[string]*Script{},
-		Admin:     New("admin", Banner+header+wire.LuaCatalog()+inline(read("tools.lua")+paste(read("admin.lua"), map[string]string{"modules": modules.String()}))),
+		Admin:     New("admin", Banner+header+wire.LuaCatalog()+inline(read("tools.lua")+paste(read("admin.lua"), map[string]string{"modules": whole.String()}))),
 		InFlight:  New("inflight", Banner+wire.InFlightHeader()+read("tools.lua")+read("inflight.lua")),
 		Heartbeat: New("heartbeat", Banner+wire.HeartbeatHeader()+read("heartbeat.lua")),
 	}
@@ -94,8 +106,9 @@ func Assemble(files fs.FS) Scripts {
 			continue
 		}
 		scripts.Lean[a.Name] = New("lean_"+a.Name, Banner+header+inline(paste(lean, map[string]string{
-			"lean_prelude": leanPrelude + module(a, true),
+			"lean_prelude": leanPrelude + module(a, commonPart),
 			"lean_call":    leanCall,
+			"batch_tables": "local commons, touched, order, scratch -- none: no batch",
 		})))
 	}
 	return scripts
@@ -129,6 +142,18 @@ end
   return reply
 end
 `
+)
+
+// batchTables are the tables decide.lua's batches keep (lean.lua says
+// what each holds).
+const batchTables = "local commons, touched, order, scratch = {}, {}, {}, {}"
+
+// A module's parts a script takes: its common part only (the lean
+// scripts), the rest made lazily (the decision script), or all of it.
+const (
+	commonPart = iota
+	lazyRare
+	wholeModule
 )
 
 // rareMarker begins the part of an algorithm's module the lean script

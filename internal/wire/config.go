@@ -25,6 +25,13 @@ type ConfigArg struct {
 // configArg is the Lua pattern that reads ConfigArg's fields and the rest.
 const configArg = `^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$`
 
+// configArgCommon is the Lua pattern that reads a ConfigArg the common
+// decision takes (Overall, no keep-alive, one rate, no calendar): rate,
+// interval ms, burst and buckets. It matches exactly the arguments that
+// configArg reads with type 0, keep-alive 0 and nothing after them, with
+// four captures, not eight: one match is a fair part of a lone decision.
+const configArgCommon = `^%a+ (%d+) (%d+) 0 (%d+) (%d+) 0 ?$`
+
 // Encode writes c for source.
 func (c ConfigArg) Encode(source Source) string {
 	b := make([]byte, 0, 64)

@@ -44,6 +44,7 @@ func Constants() []Constant {
 	num("BYTE_SOURCE_DEFAULT", int64(SourceDefault[0]))
 	num("BYTE_SOURCE_FIXED", int64(SourceFixed[0]))
 	str("CONFIG_ARG", configArg)
+	str("CONFIG_ARG_COMMON", configArgCommon)
 	for i, name := range []string{"H_RATE", "H_INTERVAL", "H_TYPE", "H_KEEPALIVE", "H_ALGORITHM", "H_MORE", "H_SHADOW"} {
 		num(name, int64(1+i))
 	}
@@ -138,8 +139,11 @@ func LuaCatalog() string {
 // LuaModuleInfo sets, on a's module (m), what the decision script knows of
 // a: scalars, and read, which reads the limiter's key as a hash (the config
 // fields, then the first rate's state fields) with its field names written
-// in, so that a call builds no table for them.
-func LuaModuleInfo(a *Algorithm) string {
+// in, so that a call builds no table for them. lean: for a lean script
+// (lean.lua), which reads only the name, own field, state fields, foreign
+// shape and read: each field more set on the module costs its call (the
+// table grows, and is rebuilt as it does).
+func LuaModuleInfo(a *Algorithm, lean bool) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	own, field1, field2 := "nil", "nil", "nil"
@@ -153,6 +157,12 @@ func LuaModuleInfo(a *Algorithm) string {
 		field2 = q(a.Fields[1])
 	}
 	read := a.hashRead()
+	if lean {
+		w("m.NAME, m.OWN, m.FIELD1, m.FIELD2, m.FOREIGN, m.STATE_AT = %s, %s, %s, %s, %s, %d\n",
+			q(a.Name), own, field1, field2, q(a.foreign), len(read)-len(a.Fields)+1)
+		w("m.read = function(key) return redis.pcall('HMGET', key, %s) end\n", strings.Join(quoted(read), ", "))
+		return b.String()
+	}
 	w("m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = %s, %t, %t, %t, %s\n", q(a.Name), a.InConfig, a.Records, a.Calendar, own)
 	w("m.FIELD1, m.FIELD2, m.FOREIGN, m.REGISTRY, m.REQUESTS, m.STATE_AT = %s, %s, %s, %d, %d, %d\n",
 		field1, field2, q(a.foreign), a.Registry(), a.Requests(), len(read)-len(a.Fields)+1)

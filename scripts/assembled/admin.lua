@@ -11,8 +11,9 @@
 -- F_BURST = 'burst' F_BUCKETS = 'buckets' F_CALENDAR = 'calendar' UNNAMED_ALGORITHM = 'tokenbucket'
 -- SOURCE_DEFAULT = 'default' SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new'
 -- BYTE_SOURCE_DEFAULT = 100 BYTE_SOURCE_FIXED = 102
--- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$' H_RATE = 1 H_INTERVAL = 2
--- H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
+-- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$'
+-- CONFIG_ARG_COMMON = '^%a+ (%d+) (%d+) 0 (%d+) (%d+) 0 ?$' H_RATE = 1 H_INTERVAL = 2 H_TYPE = 3
+-- H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
 -- DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496 MAX_LOG_RATE = 4294967295
 -- REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd' REPLY_PERCLIENT = 'perclient'
 -- REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin' REPLY_MISSING = 'missing'
@@ -359,6 +360,70 @@ function bucket.commit(s, permits, _, id)
   return true
 end
 
+-- write makes what commit or release planned, or rewrites a cache load or
+-- wait found wrong (a denial of permits writes only that): the records out
+-- of the window go, and the value is cached, both keys expiring when the
+-- newest record ages out; after a grant of this call at the same time
+-- (seen), the log's expiry stands. It returns whether the grant was
+-- counted: its record is written with NX, and a member there already is
+-- this request's too (alone in an older record). A grant not counted, a
+-- re-sent script's, still writes a state it found wrong or aged.
+function bucket.write(s, now, config)
+  local log, value_key, counted = s.keys[2], s.keys[1], false
+  local dirty = s.changed
+  if s.grant then
+    if not s.resent then
+      counted = redis.call('ZADD', log, 'NX', string.format('%d', s.grant_at), s.grant) == 1
+    end
+    if counted then
+      if s.merged then
+        redis.call('ZREM', log, s.merged)
+      end
+      s.available, s.full_after = s.available - s.permits, (s.grant_at + s.interval) * 1000 - now
+    end
+    dirty = counted or s.changed or s.aged > 0
+  elseif s.give then
+    -- A release's or a settle's change to one record (extend's: maybe a
+    -- new one, of head s.give[4]).
+    local member, score, left = s.give[1], s.give[2], s.give[3]
+    if member then
+      redis.call('ZREM', log, member)
+    end
+    if left > 0 then
+      redis.call('ZADD', log, score, record(left, member and string.sub(member, 1, #member - 4) or s.give[4]))
+    end
+    dirty = true
+  end
+  if not dirty then
+    return counted
+  end
+  if s.aged > 0 then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', s.cutoff)
+  end
+  local seen = s.seen
+  s.full_after = s.full_after or time_to_full(log, s.interval, now, s.newest)
+  if seen and counted then
+    redis.call('SET', value_key, string.format('%d', s.available), 'PX', seen[6])
+  else
+    local ms = s.full_after > 0 and ttl(s.full_after, config)
+    store(value_key, log, s.available, ms)
+    seen = counted and { s.now_ms, s.interval, s.available, nil, nil, ms }
+  end
+  if counted and s.mine then
+    seen[3], seen[4], seen[5] = s.available, s.grant, s.grant_at
+    granted[log] = seen
+  end
+  return counted
+end
+
+-- report: the bucket is full again when its newest record ages out.
+function bucket.report(s, now)
+  return s.available, s.full_after or time_to_full(s.keys[2], s.interval, now, s.newest)
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+
 -- own finds the record of a grant made at at µs: its slice's, while that
 -- is in the window. It returns the record, its score and its permits, or
 -- nil.
@@ -419,67 +484,6 @@ function bucket.extend(s, permits, at, _, _, id)
   s.give = { member, score, n + permits, '\16' .. id }
   s.available = s.available - permits
   return true
-end
-
--- write makes what commit or release planned, or rewrites a cache load or
--- wait found wrong (a denial of permits writes only that): the records out
--- of the window go, and the value is cached, both keys expiring when the
--- newest record ages out; after a grant of this call at the same time
--- (seen), the log's expiry stands. It returns whether the grant was
--- counted: its record is written with NX, and a member there already is
--- this request's too (alone in an older record). A grant not counted, a
--- re-sent script's, still writes a state it found wrong or aged.
-function bucket.write(s, now, config)
-  local log, value_key, counted = s.keys[2], s.keys[1], false
-  local dirty = s.changed
-  if s.grant then
-    if not s.resent then
-      counted = redis.call('ZADD', log, 'NX', string.format('%d', s.grant_at), s.grant) == 1
-    end
-    if counted then
-      if s.merged then
-        redis.call('ZREM', log, s.merged)
-      end
-      s.available, s.full_after = s.available - s.permits, (s.grant_at + s.interval) * 1000 - now
-    end
-    dirty = counted or s.changed or s.aged > 0
-  elseif s.give then
-    -- A release's or a settle's change to one record (extend's: maybe a
-    -- new one, of head s.give[4]).
-    local member, score, left = s.give[1], s.give[2], s.give[3]
-    if member then
-      redis.call('ZREM', log, member)
-    end
-    if left > 0 then
-      redis.call('ZADD', log, score, record(left, member and string.sub(member, 1, #member - 4) or s.give[4]))
-    end
-    dirty = true
-  end
-  if not dirty then
-    return counted
-  end
-  if s.aged > 0 then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', s.cutoff)
-  end
-  local seen = s.seen
-  s.full_after = s.full_after or time_to_full(log, s.interval, now, s.newest)
-  if seen and counted then
-    redis.call('SET', value_key, string.format('%d', s.available), 'PX', seen[6])
-  else
-    local ms = s.full_after > 0 and ttl(s.full_after, config)
-    store(value_key, log, s.available, ms)
-    seen = counted and { s.now_ms, s.interval, s.available, nil, nil, ms }
-  end
-  if counted and s.mine then
-    seen[3], seen[4], seen[5] = s.available, s.grant, s.grant_at
-    granted[log] = seen
-  end
-  return counted
-end
-
--- report: the bucket is full again when its newest record ages out.
-function bucket.report(s, now)
-  return s.available, s.full_after or time_to_full(s.keys[2], s.interval, now, s.newest)
 end
 
 -- settle recomputes the cache from the log after a rate change (the admin

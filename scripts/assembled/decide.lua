@@ -11,8 +11,9 @@
 -- F_BURST = 'burst' F_BUCKETS = 'buckets' F_CALENDAR = 'calendar' UNNAMED_ALGORITHM = 'tokenbucket'
 -- SOURCE_DEFAULT = 'default' SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new'
 -- BYTE_SOURCE_DEFAULT = 100 BYTE_SOURCE_FIXED = 102
--- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$' H_RATE = 1 H_INTERVAL = 2
--- H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
+-- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$'
+-- CONFIG_ARG_COMMON = '^%a+ (%d+) (%d+) 0 (%d+) (%d+) 0 ?$' H_RATE = 1 H_INTERVAL = 2 H_TYPE = 3
+-- H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
 -- DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496 MAX_LOG_RATE = 4294967295
 -- REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd' REPLY_PERCLIENT = 'perclient'
 -- REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin' REPLY_MISSING = 'missing'
@@ -365,6 +366,73 @@ function bucket.commit(s, permits, _, id)
   return true
 end
 
+-- write makes what commit or release planned, or rewrites a cache load or
+-- wait found wrong (a denial of permits writes only that): the records out
+-- of the window go, and the value is cached, both keys expiring when the
+-- newest record ages out; after a grant of this call at the same time
+-- (seen), the log's expiry stands. It returns whether the grant was
+-- counted: its record is written with NX, and a member there already is
+-- this request's too (alone in an older record). A grant not counted, a
+-- re-sent script's, still writes a state it found wrong or aged.
+function bucket.write(s, now, config)
+  local log, value_key, counted = s.keys[2], s.keys[1], false
+  local dirty = s.changed
+  if s.grant then
+    if not s.resent then
+      counted = redis.call('ZADD', log, 'NX', string.format('%d', s.grant_at), s.grant) == 1
+    end
+    if counted then
+      if s.merged then
+        redis.call('ZREM', log, s.merged)
+      end
+      s.available, s.full_after = s.available - s.permits, (s.grant_at + s.interval) * 1000 - now
+    end
+    dirty = counted or s.changed or s.aged > 0
+  elseif s.give then
+    -- A release's or a settle's change to one record (extend's: maybe a
+    -- new one, of head s.give[4]).
+    local member, score, left = s.give[1], s.give[2], s.give[3]
+    if member then
+      redis.call('ZREM', log, member)
+    end
+    if left > 0 then
+      redis.call('ZADD', log, score, record(left, member and string.sub(member, 1, #member - 4) or s.give[4]))
+    end
+    dirty = true
+  end
+  if not dirty then
+    return counted
+  end
+  if s.aged > 0 then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', s.cutoff)
+  end
+  local seen = s.seen
+  s.full_after = s.full_after or time_to_full(log, s.interval, now, s.newest)
+  if seen and counted then
+    redis.call('SET', value_key, string.format('%d', s.available), 'PX', seen[6])
+  else
+    local ms = s.full_after > 0 and ttl(s.full_after, config)
+    store(value_key, log, s.available, ms)
+    seen = counted and { s.now_ms, s.interval, s.available, nil, nil, ms }
+  end
+  if counted and s.mine then
+    seen[3], seen[4], seen[5] = s.available, s.grant, s.grant_at
+    granted[log] = seen
+  end
+  return counted
+end
+
+-- report: the bucket is full again when its newest record ages out.
+function bucket.report(s, now)
+  return s.available, s.full_after or time_to_full(s.keys[2], s.interval, now, s.newest)
+end
+
+-- Beyond the common decision (the lean script leaves these out):
+
+function bucket.rare()
+bucket.rare = nil
+
+
 -- own finds the record of a grant made at at µs: its slice's, while that
 -- is in the window. It returns the record, its score and its permits, or
 -- nil.
@@ -425,67 +493,6 @@ function bucket.extend(s, permits, at, _, _, id)
   s.give = { member, score, n + permits, '\16' .. id }
   s.available = s.available - permits
   return true
-end
-
--- write makes what commit or release planned, or rewrites a cache load or
--- wait found wrong (a denial of permits writes only that): the records out
--- of the window go, and the value is cached, both keys expiring when the
--- newest record ages out; after a grant of this call at the same time
--- (seen), the log's expiry stands. It returns whether the grant was
--- counted: its record is written with NX, and a member there already is
--- this request's too (alone in an older record). A grant not counted, a
--- re-sent script's, still writes a state it found wrong or aged.
-function bucket.write(s, now, config)
-  local log, value_key, counted = s.keys[2], s.keys[1], false
-  local dirty = s.changed
-  if s.grant then
-    if not s.resent then
-      counted = redis.call('ZADD', log, 'NX', string.format('%d', s.grant_at), s.grant) == 1
-    end
-    if counted then
-      if s.merged then
-        redis.call('ZREM', log, s.merged)
-      end
-      s.available, s.full_after = s.available - s.permits, (s.grant_at + s.interval) * 1000 - now
-    end
-    dirty = counted or s.changed or s.aged > 0
-  elseif s.give then
-    -- A release's or a settle's change to one record (extend's: maybe a
-    -- new one, of head s.give[4]).
-    local member, score, left = s.give[1], s.give[2], s.give[3]
-    if member then
-      redis.call('ZREM', log, member)
-    end
-    if left > 0 then
-      redis.call('ZADD', log, score, record(left, member and string.sub(member, 1, #member - 4) or s.give[4]))
-    end
-    dirty = true
-  end
-  if not dirty then
-    return counted
-  end
-  if s.aged > 0 then
-    redis.call('ZREMRANGEBYSCORE', log, '-inf', s.cutoff)
-  end
-  local seen = s.seen
-  s.full_after = s.full_after or time_to_full(log, s.interval, now, s.newest)
-  if seen and counted then
-    redis.call('SET', value_key, string.format('%d', s.available), 'PX', seen[6])
-  else
-    local ms = s.full_after > 0 and ttl(s.full_after, config)
-    store(value_key, log, s.available, ms)
-    seen = counted and { s.now_ms, s.interval, s.available, nil, nil, ms }
-  end
-  if counted and s.mine then
-    seen[3], seen[4], seen[5] = s.available, s.grant, s.grant_at
-    granted[log] = seen
-  end
-  return counted
-end
-
--- report: the bucket is full again when its newest record ages out.
-function bucket.report(s, now)
-  return s.available, s.full_after or time_to_full(s.keys[2], s.interval, now, s.newest)
 end
 
 -- settle recomputes the cache from the log after a rate change (the admin
@@ -674,6 +681,7 @@ function further.report(s, now)
 end
 
 bucket.FURTHER = further
+end
 return bucket
 end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'tokenbucket', false, true, false, nil
@@ -846,6 +854,9 @@ end
 
 -- Beyond the common decision (the lean script leaves these out):
 
+function funnel.rare()
+funnel.rare = nil
+
 
 -- release gives back up to permits of a grant of size permits made at at
 -- µs (since, when it was a funnel's): what has not drained of it,
@@ -896,6 +907,7 @@ function funnel.extend(s, permits, _, _, now)
   return funnel.commit(s, permits, now)
 end
 
+end
 return funnel
 end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'funnel', true, false, false, 'burst'
@@ -1002,6 +1014,9 @@ end
 
 -- Beyond the common decision (the lean script leaves these out):
 
+function window.rare()
+window.rare = nil
+
 
 -- release gives back a grant's permits only while its window lasts: one
 -- ended has taken them with it.
@@ -1027,6 +1042,7 @@ function window.extend(s, permits)
   return window.commit(s, permits)
 end
 
+end
 return window
 end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'fixed_window', true, false, true, 'calendar'
@@ -1185,6 +1201,9 @@ end
 
 -- Beyond the common decision (the lean script leaves these out):
 
+function sliding.rare()
+sliding.rare = nil
+
 
 -- release gives back a grant's permits from its own sub-window only, while
 -- it still counts: a newer one's count would outlive them. Those it empties
@@ -1239,6 +1258,7 @@ function sliding.extend(s, permits, at)
   return sliding.commit(s, permits)
 end
 
+end
 return sliding
 end)()
 m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'sliding_window', true, false, false, 'buckets'
@@ -1269,11 +1289,11 @@ end
 -- decide.lua's common and flush, which its batches call.
 
 
+-- A batch's tables (decide.lua's; the lean script, which decides one
+-- request, makes none, as every table made costs its call):
 -- commons holds the configs a call's requests were given, parsed (rate,
 -- interval, burst and buckets), or false for one common does not decide: a
 -- batch's requests mostly share one.
-local commons = {}
-
 -- touched holds, by key, what a batch's common requests have made of a
 -- limiter's key (its entry), in order, to be written by flush. An entry
 -- holds: m, the module; hash, the key holds a hash (else a flat state, or
@@ -1282,13 +1302,11 @@ local commons = {}
 -- state's fields as the last decision left them; dirty, they changed; px,
 -- the expiry a change moved (ms); alive, a keep-alive's TTL. Its fields are
 -- all named when it is made: a table that grows is rebuilt as it does.
-local touched, order = {}, {}
-
 -- scratch is, by module, the rate's table a common decision decides in
 -- (decide.lua's s): one per call, as a decision leaves nothing in it that
 -- the next needs (load sets everything from the state), and a table
 -- reused costs a fraction of one made.
-local scratch = {}
+local commons, touched, order, scratch = {}, {}, {}, {}
 
 -- entry reads the limiter's key, as decide.lua's read_limiter reads it:
 -- once in a batch (batched: kept in touched); default, the request's source
@@ -1411,24 +1429,39 @@ local function common(m, k, a, na, now, batched)
   elseif stored or arg == '' then
     return 'full' -- Throttle's over a stored config; or none stored, and no default
   else
-    local given = commons[arg]
-    if given == nil then
-      local _, r, i, kind, b, bk, ka, rest = string.match(arg, '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
-      r, b, bk = r + 0, b + 0, bk + 0
-      given = kind == '0' and ka == '0' and rest == '' and { r, i + 0, b == 0 and r or b, bk == 0 and 10 or bk }
-      commons[arg] = given
+    -- Overall, no keep-alive, one rate (CONFIG_ARG_COMMON), or the full
+    -- script's; parsed once in a batch.
+    local given = nil
+    if batched then given = commons[arg] end
+    if given then
+      rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
+    elseif given == false then
+      return 'full'
+    else
+      local _, _, r, i, b, bk = string.find(arg, '^%a+ (%d+) (%d+) 0 (%d+) (%d+) 0 ?$')
+      if not r then
+        if batched then commons[arg] = false end
+        return 'full'
+      end
+      rate, interval, burst, buckets = r + 0, i + 0, b + 0, bk + 0
+      if burst == 0 then burst = rate end
+      if buckets == 0 then buckets = 10 end
+      if batched then commons[arg] = { rate, interval, burst, buckets } end
     end
-    if not given then return 'full' end
-    rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
   end
 
   -- Decide, as decide.lua does for one rate, in memory.
-  local s = scratch[m]
-  if not s then
-    s = { K = '' }
-    scratch[m] = s
+  local s
+  if batched then
+    s = scratch[m]
+    if not s then
+      s = { K = '' }
+      scratch[m] = s
+    end
+    s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
+  else
+    s = { K = '', where = key, rate = rate, interval = interval, burst = burst, buckets = buckets }
   end
-  s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
   m.load(s, e.v1 or nil, e.v2 or nil, now)
   local permits, capacity = ARGV[a + 2] + 0, m.capacity(s)
   local allowed, retry = 0, 0
@@ -1594,10 +1627,11 @@ end
 -- wrong guess costs a failed command: the reply's kind tells the client
 -- what was found, so that its next guess is right.
 -- It returns f, the hash's fields (alg.read's: the config's, then the first
--- rate's state fields), or nil; flat, a string, or nil.
-local function read_limiter(key, alg, hash_first)
+-- rate's state fields), or nil; flat, a string, or nil. got: the GET's
+-- reply, when bucket_common made it already.
+local function read_limiter(key, alg, hash_first, got)
   if not hash_first then
-    local got = redis.pcall('GET', key)
+    got = got or redis.pcall('GET', key)
     if not got then
       return nil, nil
     elseif not got.err then
@@ -1700,7 +1734,8 @@ end
 -- KEYS[k + 1 ..], its arguments ARGV[a + 1 .. a + na]), or nil for a config
 -- it refuses. (Given as arguments, not upvalues: gopher-lua, miniredis's
 -- Lua, gives a function called by pcall stale upvalues after an error.)
-local function decide(name, op, k, a, na)
+-- got: the limiter's key as bucket_common read it (a default's GET), or nil.
+local function decide(name, op, k, a, na, got)
   local alg = module(name)
   local now = clock(ARGV[a + 1])
   local now_ms = (now - now % 1000) / 1000
@@ -1711,7 +1746,7 @@ local function decide(name, op, k, a, na)
   local in_config = alg.IN_CONFIG
 
   -- Read: the config, stored (and sound) or given.
-  local f, flat = read_limiter(key1, alg, source ~= 'default')
+  local f, flat = read_limiter(key1, alg, source ~= 'default', got)
   local none, marked = not f and not flat, false
   if flat and string.find(flat, alg.FOREIGN) then
     -- One algorithm's state is never counted by another: a string another
@@ -1757,6 +1792,9 @@ local function decide(name, op, k, a, na)
   end
   local kind, rates = cfg.kind, cfg.rates
   local n = #rates / 4
+  if alg.rare and (n > 1 or op == 'release' or op == 'settle') then
+    alg.rare() -- the module's functions beyond the common decision (see the assembler)
+  end
   if kind == 1 and not has_clients then
     return 'perclient' -- sent with the short key list: the client sends them all from now on
   end
@@ -2160,22 +2198,109 @@ local function decide(name, op, k, a, na)
     shadow, bound, more) .. tail
 end
 
+-- bucket_common decides the token bucket's common request (alg's): op
+-- allow, one rate, Overall, no keep-alive, no calendar and no request log,
+-- on a default whose limiter's key holds nothing or the bucket's marker.
+-- It decides as decide does for it, by the same steps and commands, without
+-- decide's general ones (its tables of rates and loops over them, the
+-- request log, the client registry), the better part of a lone decision's
+-- cost. Anything else it leaves to decide (nil) before any command but
+-- the clock's and the limiter's read (a default's GET), whose reply it
+-- returns too, for decide to take.
+local function bucket_common(alg, k, a, na)
+  local config_arg = ARGV[a + 3]
+  if na > 5 or string.byte(config_arg, 1) ~= 100 then
+    return nil
+  end
+  local _, _, rate, interval, burst, buckets = string.find(config_arg, '^%a+ (%d+) (%d+) 0 (%d+) (%d+) 0 ?$')
+  if not rate then
+    return nil
+  end
+  rate, interval, burst, buckets = rate + 0, interval + 0, burst + 0, buckets + 0
+  if not (rate >= 1 and interval >= 1 and interval <= MAX and rate <= interval * 1000 and burst <= MAX
+        and buckets <= 1000 and (buckets == 0 and 10 or buckets) <= interval) then
+    return nil -- rates_of refuses it: decide says so
+  end
+  if burst == 0 then burst = rate end
+  if buckets == 0 then buckets = 10 end
+
+  -- Read, as decide does: the clock, then the limiter's key.
+  local key = KEYS[k + 1]
+  local now = clock(ARGV[a + 1])
+  local got = redis.pcall('GET', key)
+  local marked = false
+  if got then
+    if got.err or got ~= alg.NAME then
+      return nil, got
+    end
+    marked = true
+  end
+  local s = { rate = rate, interval = interval, burst = burst, buckets = buckets, K = '', where = key,
+    keys = { KEYS[k + 2], KEYS[k + 3], KEYS[k + 4] }, longest = 0 }
+  alg.load(s, nil, nil, now)
+
+  -- Decide: weigh, for one rate.
+  local permits, id = ARGV[a + 2] + 0, nil
+  if na >= 5 then id = ARGV[a + 5] end
+  local allowed, retry, counted = 0, 0, false
+  if permits > rate then
+    retry = -1
+  else
+    local wait = alg.wait(s, permits, now)
+    if wait > 0 then retry = wait else allowed = 1 end
+  end
+  if allowed == 1 and permits > 0 then
+    local ok, why = alg.commit(s, permits, now, id)
+    if not ok then
+      fail('permits' .. ' ' .. string.format('%d', permits) .. ': ' .. (why or 'a debt past what the state holds exactly'))
+    end
+    counted = true
+  elseif allowed == 0 and retry ~= -1 and permits > 0 and alg.resent(s, id) then
+    allowed, retry = 1, 0 -- a re-sent script whose first run was granted
+  end
+
+  -- Write: the state, then its marker (see decide), expiring with it.
+  if permits > 0 then
+    counted = alg.write(s, now, nil) and counted
+  end
+  local remaining, reset = alg.report(s, now)
+  if remaining > rate then remaining = rate elseif remaining < 0 then remaining = 0 end
+  if counted or not marked then
+    if reset > 0 then
+      local ms = (reset + (-reset) % 1000) / 1000
+      if ms < 1 then ms = 1 end
+      redis.call('SET', key, alg.NAME, 'PX', string.format('%d', ms))
+    elseif marked then
+      redis.call('DEL', key)
+    end
+  end
+  return reply_default(allowed, remaining, retry, reset, nil)
+end
+
 -- request decides one request: the common decision's way (lean.lua's
--- common) when it is one, else decide's, which reads what the common
--- requests before it wrote (flush).
+-- common, or bucket_common) when it is one, else decide's, which reads
+-- what the common requests before it wrote (flush).
 local function request(name, op, k, a, na)
-  if op == 'allow' and na <= 3 then
+  local got = nil
+  if op == 'allow' and na <= 5 then
     local m = module(name)
-    if m.IN_CONFIG then
+    if m.IN_CONFIG and na <= 3 then
       local now = ARGV[a + 1]
       local reply = common(m, k, a, na, now == '' and clock(now) or now + 0, true)
       if reply ~= 'full' then
         return reply
       end
+    elseif m.RECORDS then
+      flush()
+      local reply
+      reply, got = bucket_common(m, k, a, na)
+      if reply then
+        return reply
+      end
     end
   end
   flush()
-  return decide(name, op, k, a, na)
+  return decide(name, op, k, a, na, got)
 end
 
 -- All-or-nothing (internal/wire's FrameAll): every request decided first

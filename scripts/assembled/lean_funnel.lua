@@ -11,8 +11,9 @@
 -- F_BURST = 'burst' F_BUCKETS = 'buckets' F_CALENDAR = 'calendar' UNNAMED_ALGORITHM = 'tokenbucket'
 -- SOURCE_DEFAULT = 'default' SOURCE_STORED = 'stored' SOURCE_FIXED = 'fixed' SOURCE_NEW = 'new'
 -- BYTE_SOURCE_DEFAULT = 100 BYTE_SOURCE_FIXED = 102
--- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$' H_RATE = 1 H_INTERVAL = 2
--- H_TYPE = 3 H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
+-- CONFIG_ARG = '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$'
+-- CONFIG_ARG_COMMON = '^%a+ (%d+) (%d+) 0 (%d+) (%d+) 0 ?$' H_RATE = 1 H_INTERVAL = 2 H_TYPE = 3
+-- H_KEEPALIVE = 4 H_ALGORITHM = 5 H_MORE = 6 H_SHADOW = 7 H_OWN = 8 MAX_RATES = 4
 -- DEFAULT_BUCKETS = 10 MAX_BUCKETS = 1000 MAX_DEBT = 4503599627370496 MAX_LOG_RATE = 4294967295
 -- REPLY_HASH = 'h' REPLY_FULL = 'f' REPLY_DEFAULT = 'd' REPLY_PERCLIENT = 'perclient'
 -- REPLY_CALENDAR = 'calendar ' REPLY_ADMIN = 'admin' REPLY_MISSING = 'missing'
@@ -229,14 +230,13 @@ end
 
 return funnel
 end)()
-m.NAME, m.IN_CONFIG, m.RECORDS, m.CALENDAR, m.OWN = 'funnel', true, false, false, 'burst'
-m.FIELD1, m.FIELD2, m.FOREIGN, m.REGISTRY, m.REQUESTS, m.STATE_AT = 'tat', nil, '[^%d,;]', 2, 3, 9
+m.NAME, m.OWN, m.FIELD1, m.FIELD2, m.FOREIGN, m.STATE_AT = 'funnel', 'burst', 'tat', nil, '[^%d,;]', 9
 m.read = function(key) return redis.pcall('HMGET', key, 'rate', 'interval', 'type', 'keepAliveTime', 'algorithm', 'more', 'shadow', 'burst', 'tat') end
+-- A batch's tables (decide.lua's; the lean script, which decides one
+-- request, makes none, as every table made costs its call):
 -- commons holds the configs a call's requests were given, parsed (rate,
 -- interval, burst and buckets), or false for one common does not decide: a
 -- batch's requests mostly share one.
-local commons = {}
-
 -- touched holds, by key, what a batch's common requests have made of a
 -- limiter's key (its entry), in order, to be written by flush. An entry
 -- holds: m, the module; hash, the key holds a hash (else a flat state, or
@@ -245,13 +245,11 @@ local commons = {}
 -- state's fields as the last decision left them; dirty, they changed; px,
 -- the expiry a change moved (ms); alive, a keep-alive's TTL. Its fields are
 -- all named when it is made: a table that grows is rebuilt as it does.
-local touched, order = {}, {}
-
 -- scratch is, by module, the rate's table a common decision decides in
 -- (decide.lua's s): one per call, as a decision leaves nothing in it that
 -- the next needs (load sets everything from the state), and a table
 -- reused costs a fraction of one made.
-local scratch = {}
+local commons, touched, order, scratch -- none: no batch
 
 -- entry reads the limiter's key, as decide.lua's read_limiter reads it:
 -- once in a batch (batched: kept in touched); default, the request's source
@@ -374,24 +372,39 @@ local function common(m, k, a, na, now, batched)
   elseif stored or arg == '' then
     return 'full' -- Throttle's over a stored config; or none stored, and no default
   else
-    local given = commons[arg]
-    if given == nil then
-      local _, r, i, kind, b, bk, ka, rest = string.match(arg, '^(%a+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
-      r, b, bk = r + 0, b + 0, bk + 0
-      given = kind == '0' and ka == '0' and rest == '' and { r, i + 0, b == 0 and r or b, bk == 0 and 10 or bk }
-      commons[arg] = given
+    -- Overall, no keep-alive, one rate (CONFIG_ARG_COMMON), or the full
+    -- script's; parsed once in a batch.
+    local given = nil
+    if batched then given = commons[arg] end
+    if given then
+      rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
+    elseif given == false then
+      return 'full'
+    else
+      local _, _, r, i, b, bk = string.find(arg, '^%a+ (%d+) (%d+) 0 (%d+) (%d+) 0 ?$')
+      if not r then
+        if batched then commons[arg] = false end
+        return 'full'
+      end
+      rate, interval, burst, buckets = r + 0, i + 0, b + 0, bk + 0
+      if burst == 0 then burst = rate end
+      if buckets == 0 then buckets = 10 end
+      if batched then commons[arg] = { rate, interval, burst, buckets } end
     end
-    if not given then return 'full' end
-    rate, interval, burst, buckets = given[1], given[2], given[3], given[4]
   end
 
   -- Decide, as decide.lua does for one rate, in memory.
-  local s = scratch[m]
-  if not s then
-    s = { K = '' }
-    scratch[m] = s
+  local s
+  if batched then
+    s = scratch[m]
+    if not s then
+      s = { K = '' }
+      scratch[m] = s
+    end
+    s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
+  else
+    s = { K = '', where = key, rate = rate, interval = interval, burst = burst, buckets = buckets }
   end
-  s.where, s.rate, s.interval, s.burst, s.buckets = key, rate, interval, burst, buckets
   m.load(s, e.v1 or nil, e.v2 or nil, now)
   local permits, capacity = ARGV[a + 2] + 0, m.capacity(s)
   local allowed, retry = 0, 0
