@@ -1,7 +1,7 @@
 -- The admin script: the ops that read or change a limiter as a whole, one
 -- per call, for every algorithm, and the diagnosis of a config a decision
 -- refused. Before this file the assembler puts the contract's header
--- (internal/wire) and tools.lua's helpers; the algorithms' modules go
+-- (internal/wire), fail.lua and tools.lua's helpers; the algorithms' modules go
 -- where the marker below says, as in decide.lua.
 -- KEYS   a decision's whole key list (the limiter's key, the Overall state
 --        keys unless the state is fields, the registry, the request log,
@@ -9,8 +9,6 @@
 --        in AD_OTHERS' order
 -- ARGV   internal/wire's admin arguments: AD_ALGORITHM, AD_OP, AD_NOW,
 --        AD_VALUE, AD_CONFIG, AD_CLIENT_ID, AD_OTHERS …
-
-local MAX = 9007199254740992 -- 2^53
 
 local MAKERS = {}
 --[[@modules]]

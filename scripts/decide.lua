@@ -32,18 +32,7 @@
 -- with %.17g, exact below 2^53, and string.format's %d writes it exactly for
 -- less; .. writes %.14g, exact below 10^14 only.
 
-local MAX = 9007199254740992 -- 2^53
-
--- fail raises the error the client maps to a sentinel (internal/wire's
--- error prefixes): plain strings at level 0 (no position), which Redis and
--- miniredis wrap each their own way.
-local function fail(why)
-  error('REDLIMIT ' .. why, 0)
-end
-
-local function corrupt(key, what)
-  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
-end
+--[[@fail]]
 
 -- The call's clock: Redis TIME, read once, for requests that sent none.
 local call_us

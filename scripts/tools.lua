@@ -1,13 +1,5 @@
 -- Helpers of the admin and in-flight scripts (internal/evalsha puts this
--- file before each).
-
-local function fail(why)
-  error('REDLIMIT ' .. why, 0)
-end
-
-local function corrupt(key, what)
-  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
-end
+-- file before each, after fail.lua).
 
 -- call runs a command on key and turns an error into a clear one naming the
 -- key and the command (Redis before 7.2 names no command in an ACL refusal).

@@ -90,6 +90,7 @@ func Assemble(files fs.FS) Scripts {
 	lean := read("lean.lua")
 	header := wire.LuaHeader()
 	decide := paste(read("decide.lua"), map[string]string{
+		"fail":         read("fail.lua"),
 		"state_fields": wire.LuaStateFields(),
 		"modules":      modules.String(),
 		"common":       paste(lean, map[string]string{"lean_prelude": "", "lean_call": "", "batch_tables": batchTables}),
@@ -97,8 +98,8 @@ func Assemble(files fs.FS) Scripts {
 	scripts := Scripts{
 		Decide:    New("decide", Banner+header+inline(decide)),
 		Lean:      map[string]*Script{},
-		Admin:     New("admin", Banner+header+wire.LuaCatalog()+inline(read("tools.lua")+paste(read("admin.lua"), map[string]string{"modules": whole.String()}))),
-		InFlight:  New("inflight", Banner+wire.InFlightHeader()+read("tools.lua")+read("inflight.lua")),
+		Admin:     New("admin", Banner+header+wire.LuaCatalog()+inline(read("fail.lua")+"\n"+read("tools.lua")+paste(read("admin.lua"), map[string]string{"modules": whole.String()}))),
+		InFlight:  New("inflight", Banner+wire.InFlightHeader()+read("fail.lua")+"\n"+read("tools.lua")+read("inflight.lua")),
 		Heartbeat: New("heartbeat", Banner+wire.HeartbeatHeader()+read("heartbeat.lua")),
 	}
 	for _, a := range wire.Algorithms {
@@ -106,7 +107,7 @@ func Assemble(files fs.FS) Scripts {
 			continue
 		}
 		scripts.Lean[a.Name] = New("lean_"+a.Name, Banner+header+inline(paste(lean, map[string]string{
-			"lean_prelude": leanPrelude + module(a, commonPart),
+			"lean_prelude": read("fail.lua") + "\n" + module(a, commonPart),
 			"lean_call":    leanCall,
 			"batch_tables": "local commons, touched, order, scratch -- none: no batch",
 		})))
@@ -114,22 +115,8 @@ func Assemble(files fs.FS) Scripts {
 	return scripts
 }
 
-// The lean script's own parts around common: what decide.lua has for it
-// (the bound of exact doubles, the errors), and the call of it on the one
-// request.
-const (
-	leanPrelude = `local MAX = 9007199254740992 -- 2^53
-
-local function fail(why)
-  error('REDLIMIT ' .. why, 0)
-end
-
-local function corrupt(key, what)
-  fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
-end
-
-`
-	leanCall = `do
+// leanCall is the lean script's call of common on its one request.
+const leanCall = `do
   local now = ARGV[REQUEST_HEAD + A_NOW]
   if now == '' then
     local t = redis.call('TIME')
@@ -142,7 +129,6 @@ end
   return reply
 end
 `
-)
 
 // batchTables are the tables decide.lua's batches keep (lean.lua says
 // what each holds).

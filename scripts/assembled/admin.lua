@@ -43,9 +43,14 @@ local ALGORITHMS = {
   fixed_window = { name = 'fixed_window', in_config = true, records = false, calendar = true, state = { 'window' }, fields = { 'window', 'count' }, types = { 'hash' }, registry = 2, requests = 3 },
   sliding_window = { name = 'sliding_window', in_config = true, records = false, calendar = false, state = { 'buckets' }, fields = { 'counts' }, types = { 'hash' }, registry = 2, requests = 3 },
 }
--- Helpers of the admin and in-flight scripts (internal/evalsha puts this
--- file before each).
+-- What every decision, admin and in-flight script begins with (the
+-- assembler, internal/evalsha, puts it there once for each).
 
+local MAX = 9007199254740992 -- 2^53: doubles are exact integers below it
+
+-- fail raises the error the client maps to a sentinel (internal/wire's
+-- error prefixes): plain strings at level 0 (no position), which Redis and
+-- miniredis wrap each their own way.
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
 end
@@ -53,6 +58,9 @@ end
 local function corrupt(key, what)
   fail('corrupt' .. ' ' .. key .. ': ' .. what)
 end
+
+-- Helpers of the admin and in-flight scripts (internal/evalsha puts this
+-- file before each, after fail.lua).
 
 -- call runs a command on key and turns an error into a clear one naming the
 -- key and the command (Redis before 7.2 names no command in an ACL refusal).
@@ -78,7 +86,7 @@ end
 -- The admin script: the ops that read or change a limiter as a whole, one
 -- per call, for every algorithm, and the diagnosis of a config a decision
 -- refused. Before this file the assembler puts the contract's header
--- (internal/wire) and tools.lua's helpers; the algorithms' modules go
+-- (internal/wire), fail.lua and tools.lua's helpers; the algorithms' modules go
 -- where the marker below says, as in decide.lua.
 -- KEYS   a decision's whole key list (the limiter's key, the Overall state
 --        keys unless the state is fields, the registry, the request log,
@@ -86,8 +94,6 @@ end
 --        in AD_OTHERS' order
 -- ARGV   internal/wire's admin arguments: AD_ALGORITHM, AD_OP, AD_NOW,
 --        AD_VALUE, AD_CONFIG, AD_CLIENT_ID, AD_OTHERS …
-
-local MAX = 9007199254740992 -- 2^53
 
 local MAKERS = {}
 MAKERS["tokenbucket"] = function()

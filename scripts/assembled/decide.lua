@@ -67,7 +67,10 @@ end
 -- with %.17g, exact below 2^53, and string.format's %d writes it exactly for
 -- less; .. writes %.14g, exact below 10^14 only.
 
-local MAX = 9007199254740992 -- 2^53
+-- What every decision, admin and in-flight script begins with (the
+-- assembler, internal/evalsha, puts it there once for each).
+
+local MAX = 9007199254740992 -- 2^53: doubles are exact integers below it
 
 -- fail raises the error the client maps to a sentinel (internal/wire's
 -- error prefixes): plain strings at level 0 (no position), which Redis and

@@ -10,9 +10,14 @@ local OP_GET, OP_SET, OP_TRYSET, OP_RESET, OP_DELETE = 'get', 'set', 'tryset', '
 -- each in-config algorithm's first state field; state_owner names the algorithm whose state it found.
 local function read_config(key) return redis.pcall('HMGET', key, 'limit', 'ttl', 'algorithm', 'rate', 'interval', 'tat', 'window', 'counts') end
 local function state_owner(f) return f[6] and 'funnel' or f[7] and 'fixed_window' or f[8] and 'sliding_window' end
--- Helpers of the admin and in-flight scripts (internal/evalsha puts this
--- file before each).
+-- What every decision, admin and in-flight script begins with (the
+-- assembler, internal/evalsha, puts it there once for each).
 
+local MAX = 9007199254740992 -- 2^53: doubles are exact integers below it
+
+-- fail raises the error the client maps to a sentinel (internal/wire's
+-- error prefixes): plain strings at level 0 (no position), which Redis and
+-- miniredis wrap each their own way.
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
 end
@@ -20,6 +25,9 @@ end
 local function corrupt(key, what)
   fail(E_CORRUPT .. ' ' .. key .. ': ' .. what)
 end
+
+-- Helpers of the admin and in-flight scripts (internal/evalsha puts this
+-- file before each, after fail.lua).
 
 -- call runs a command on key and turns an error into a clear one naming the
 -- key and the command (Redis before 7.2 names no command in an ACL refusal).

@@ -54,8 +54,14 @@ end
 -- a call on the one request of KEYS and ARGV, framed as decide.lua's), and
 -- decide.lua's common and flush, which its batches call.
 
-local MAX = 9007199254740992 -- 2^53
+-- What every decision, admin and in-flight script begins with (the
+-- assembler, internal/evalsha, puts it there once for each).
 
+local MAX = 9007199254740992 -- 2^53: doubles are exact integers below it
+
+-- fail raises the error the client maps to a sentinel (internal/wire's
+-- error prefixes): plain strings at level 0 (no position), which Redis and
+-- miniredis wrap each their own way.
 local function fail(why)
   error('REDLIMIT ' .. why, 0)
 end
